@@ -1,0 +1,589 @@
+"""SandboxClaim reconciler: adopt a Ready warm-pool Sandbox or cold-start one.
+
+Adoption is one resourceVersion-conditioned PUT of the candidate Sandbox that
+replaces its controller reference (pool -> claim) and drops the pool labels.
+If anyone changed the Sandbox since our cache saw it (another claim, another
+operator replica, the pool) the API server answers 409 and we try the next
+candidate, so a Sandbox can never end up controlled by two claims.  Within one
+process, candidates being adopted are reserved so concurrent workers do not
+collide on the same one.
+
+A claim with ``env`` or ``volumeClaimTemplates``, or whose pool has no Ready
+member, gets a fresh Sandbox named like the claim.  Deleting the claim deletes
+its Sandbox through the garbage collector (controller ownerReference).
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+import time
+from typing import TYPE_CHECKING
+
+from prometheus_client import Counter, Histogram
+
+from .core import Key, Result, parse_time
+from .kube import CLAIM, SANDBOX, ApiError
+from .util import (
+    ASSIGNED_SANDBOX_ANNOTATION,
+    CLAIM_UID_LABEL,
+    CREATED_BY_LABEL,
+    FIELD_MANAGER,
+    LAUNCH_TYPE_LABEL,
+    POD_NAME_ANNOTATION,
+    POD_TEMPLATE_HASH_LABEL,
+    TEMPLATE_HASH_LABEL,
+    TEMPLATE_REF_ANNOTATION,
+    TEMPLATE_REF_HASH_LABEL,
+    WARM_POOL_LABEL,
+    blueprint_hash,
+    blueprint_of,
+    controller_of,
+    controller_ref,
+    deleting,
+    get_condition,
+    is_controlled_by,
+    name_hash,
+    sandbox_ready,
+    secure_defaults,
+    set_condition,
+)
+from .warmpool import is_stale
+
+if TYPE_CHECKING:
+    from .manager import Operator
+
+CLAIMS = Counter(
+    "jupyter_sandbox_operator_claims_total", "Sandboxes bound to claims", ["launch_type"]
+)
+ADOPTION_CONFLICTS = Counter(
+    "jupyter_sandbox_operator_adoption_conflicts_total",
+    "Adoption attempts lost to a concurrent writer",
+)
+CLAIM_READY_SECONDS = Histogram(
+    "jupyter_sandbox_operator_claim_ready_seconds",
+    "Claim creation to Ready, as observed by the operator",
+    ["launch_type"],
+    buckets=(0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30, 60, 120),
+)
+
+RESTRICTED_DOMAINS = ("kubernetes.io", "k8s.io", "x-k8s.io")
+ALLOWED_SYSTEM_ANNOTATIONS = {"cluster-autoscaler.kubernetes.io/safe-to-evict"}
+
+
+class ClaimRejected(Exception):
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+def _restricted(key: str) -> bool:
+    if "/" not in key:
+        return False
+    domain = key.split("/", 1)[0]
+    return any(domain == d or domain.endswith("." + d) for d in RESTRICTED_DOMAINS)
+
+
+def validate_claim(claim: dict, template: dict) -> None:
+    spec = claim.get("spec", {})
+    tspec = template.get("spec", {})
+    apm = spec.get("additionalPodMetadata") or {}
+    for k in apm.get("labels") or {}:
+        if _restricted(k):
+            raise ClaimRejected(
+                "InvalidMetadata", f"label {k!r} in additionalPodMetadata uses a restricted domain"
+            )
+    for k in apm.get("annotations") or {}:
+        if _restricted(k) and k not in ALLOWED_SYSTEM_ANNOTATIONS:
+            raise ClaimRejected(
+                "InvalidMetadata",
+                f"annotation {k!r} in additionalPodMetadata uses a restricted domain",
+            )
+    env = spec.get("env") or []
+    if env:
+        policy = tspec.get("envVarsInjectionPolicy") or "Disallowed"
+        if policy not in ("Allowed", "Overrides"):
+            raise ClaimRejected(
+                "EnvVarsInjectionRejected",
+                "environment variable injection is not allowed by the template policy",
+            )
+        pspec = (tspec.get("podTemplate") or {}).get("spec") or {}
+        names = {
+            c.get("name")
+            for c in (pspec.get("containers") or []) + (pspec.get("initContainers") or [])
+        }
+        for e in env:
+            if e.get("containerName") and e["containerName"] not in names:
+                raise ClaimRejected(
+                    "EnvVarsInjectionRejected",
+                    f"target container {e['containerName']!r} not found in template",
+                )
+    if spec.get("volumeClaimTemplates"):
+        policy = tspec.get("volumeClaimTemplatesPolicy") or "Disallowed"
+        if policy not in ("Allowed", "Overrides"):
+            raise ClaimRejected(
+                "VolumeClaimTemplatesError",
+                "volumeClaimTemplates are not allowed by the template policy",
+            )
+        tnames = {
+            (v.get("metadata") or {}).get("name") for v in tspec.get("volumeClaimTemplates") or []
+        }
+        for v in spec["volumeClaimTemplates"]:
+            n = (v.get("metadata") or {}).get("name")
+            if not n:
+                raise ClaimRejected(
+                    "VolumeClaimTemplatesError", "every volumeClaimTemplate needs metadata.name"
+                )
+            if n in tnames and policy == "Allowed":
+                raise ClaimRejected(
+                    "VolumeClaimTemplatesError",
+                    f"volumeClaimTemplate {n!r} would override the template's",
+                )
+
+
+def _inject_env(container: dict, envs: list[dict], policy: str) -> None:
+    cur = container.setdefault("env", [])
+    for e in envs:
+        existing = next((x for x in cur if x.get("name") == e["name"]), None)
+        if existing is not None:
+            if policy != "Overrides":
+                raise ClaimRejected(
+                    "EnvVarsInjectionRejected",
+                    f"environment variable {e['name']!r} is defined by the template",
+                )
+            existing.clear()
+            existing.update({"name": e["name"], "value": e["value"]})
+        else:
+            cur.append({"name": e["name"], "value": e["value"]})
+
+
+def merge_pod_metadata(pmeta: dict, claim: dict) -> None:
+    apm = claim.get("spec", {}).get("additionalPodMetadata") or {}
+    if apm.get("labels"):
+        pmeta.setdefault("labels", {}).update(apm["labels"])
+    if apm.get("annotations"):
+        pmeta.setdefault("annotations", {}).update(apm["annotations"])
+
+
+def claim_identity(labels: dict, claim: dict) -> dict:
+    labels = dict(labels or {})
+    labels[CLAIM_UID_LABEL] = claim["metadata"]["uid"]
+    cb = (claim["metadata"].get("labels") or {}).get(CREATED_BY_LABEL)
+    if cb:
+        labels[CREATED_BY_LABEL] = cb
+    else:
+        labels.pop(CREATED_BY_LABEL, None)
+    return labels
+
+
+def build_cold_sandbox(claim: dict, template: dict) -> dict:
+    ns, name = claim["metadata"]["namespace"], claim["metadata"]["name"]
+    tspec = template.get("spec", {})
+    bp = blueprint_of(tspec)
+    cvcts = claim.get("spec", {}).get("volumeClaimTemplates") or []
+    if cvcts:
+        merged = {
+            (v.get("metadata") or {}).get("name"): v for v in bp.get("volumeClaimTemplates") or []
+        }
+        for v in cvcts:
+            merged[(v.get("metadata") or {}).get("name")] = copy.deepcopy(v)
+        bp["volumeClaimTemplates"] = list(merged.values())
+    pt = bp.setdefault("podTemplate", {})
+    pmeta = pt.setdefault("metadata", {})
+    th = name_hash(template["metadata"]["name"])
+    pmeta["labels"] = claim_identity(pmeta.get("labels"), claim)
+    pmeta["labels"][TEMPLATE_REF_HASH_LABEL] = th
+    merge_pod_metadata(pmeta, claim)
+    pspec = pt.setdefault("spec", {})
+    env = claim.get("spec", {}).get("env") or []
+    if env:
+        policy = tspec.get("envVarsInjectionPolicy") or "Disallowed"
+        containers = pspec.get("containers") or []
+        by_container: dict[str, list[dict]] = {}
+        default: list[dict] = []
+        for e in env:
+            (
+                by_container.setdefault(e["containerName"], [])
+                if e.get("containerName")
+                else default
+            ).append(e)
+        for c in pspec.get("initContainers") or []:
+            if c.get("name") in by_container:
+                _inject_env(c, by_container[c["name"]], policy)
+        for i, c in enumerate(containers):
+            envs = list(by_container.get(c.get("name"), []))
+            if i == 0:
+                envs += default
+            if envs:
+                _inject_env(c, envs, policy)
+    secure_defaults(template, pspec)
+    labels = claim_identity({}, claim)
+    labels[LAUNCH_TYPE_LABEL] = "cold"
+    labels[TEMPLATE_REF_HASH_LABEL] = th
+    return {
+        "apiVersion": SANDBOX.api_version,
+        "kind": "Sandbox",
+        "metadata": {
+            "name": name,
+            "namespace": ns,
+            "labels": labels,
+            "annotations": {TEMPLATE_REF_ANNOTATION: template["metadata"]["name"]},
+            "ownerReferences": [controller_ref(claim)],
+        },
+        "spec": bp,
+    }
+
+
+def adopted_body(candidate: dict, claim: dict, template: dict | None) -> dict:
+    sb = copy.deepcopy(candidate)
+    md = sb["metadata"]
+    labels = md.setdefault("labels", {})
+    for k in (WARM_POOL_LABEL, TEMPLATE_HASH_LABEL, POD_TEMPLATE_HASH_LABEL):
+        labels.pop(k, None)
+    labels[LAUNCH_TYPE_LABEL] = "warm"
+    md["labels"] = claim_identity(labels, claim)
+    md["ownerReferences"] = [controller_ref(claim)]
+    md.setdefault("annotations", {})[POD_NAME_ANNOTATION] = md["name"]
+    pt = sb["spec"].setdefault("podTemplate", {})
+    pmeta = pt.setdefault("metadata", {})
+    plabels = dict(pmeta.get("labels") or {})
+    th = labels.get(TEMPLATE_REF_HASH_LABEL)
+    for k in (WARM_POOL_LABEL, TEMPLATE_HASH_LABEL, POD_TEMPLATE_HASH_LABEL):
+        plabels.pop(k, None)
+    if template is not None:
+        tmeta = (template.get("spec", {}).get("podTemplate") or {}).get("metadata") or {}
+        plabels = {**plabels, **(tmeta.get("labels") or {})}
+    plabels = claim_identity(plabels, claim)
+    if th:
+        plabels[TEMPLATE_REF_HASH_LABEL] = th
+    pmeta["labels"] = plabels
+    merge_pod_metadata(pmeta, claim)
+    return sb
+
+
+class ClaimReconciler:
+    name = "sandboxclaim"
+
+    def __init__(self, op: Operator) -> None:
+        self.op = op
+        self._reserved: set[tuple[str, str]] = set()  # candidates being adopted right now
+        self._assigned: dict[str, str] = {}  # claim uid -> sandbox name (covers cache lag)
+        self._ready_seen: set[str] = set()
+
+    # -- main ------------------------------------------------------------------
+
+    async def reconcile(self, key: Key) -> Result | None:
+        op = self.op
+        claim = op.claims.get(*key)
+        if claim is None or deleting(claim):
+            if claim is None:
+                self._forget_missing()
+            return None
+        ns, name = key
+        uid = claim["metadata"]["uid"]
+        spec = claim.get("spec", {})
+        lc = spec.get("lifecycle") or {}
+        result: Result | None = None
+
+        # lifecycle ---------------------------------------------------------------
+        shutdown_at = parse_time(lc.get("shutdownTime"))
+        expire_at = shutdown_at
+        finished = get_condition(claim, "Finished")
+        ttl = lc.get("ttlSecondsAfterFinished")
+        if ttl is not None and finished is not None and finished.get("status") == "True":
+            fin_at = parse_time(finished.get("lastTransitionTime"))
+            if fin_at is not None:
+                t = fin_at + int(ttl)
+                expire_at = t if expire_at is None else min(expire_at, t)
+        if expire_at is not None and time.time() >= expire_at:
+            return await self._expire(claim, lc.get("shutdownPolicy") or "Retain")
+        if expire_at is not None:
+            result = Result(requeue_after=max(0.05, expire_at - time.time()))
+
+        sandbox = await self._bound_sandbox(claim)
+        if sandbox is None and (claim.get("status") or {}).get("sandbox", {}).get("name"):
+            # it had one and it is gone (expired with policy Delete, or deleted by hand)
+            await self._set_status(
+                claim, None, ("False", "SandboxMissing", "Sandbox does not exist")
+            )
+            return result
+        if sandbox is None:
+            pool_name = (spec.get("warmPoolRef") or {}).get("name", "")
+            pool = op.pools.get(ns, pool_name)
+            if pool is None:
+                return await self._reject(
+                    claim, "WarmPoolNotFound", f"SandboxWarmPool {pool_name!r} not found"
+                )
+            tname = (pool.get("spec", {}).get("sandboxTemplateRef") or {}).get("name", "")
+            template = op.templates.get(ns, tname)
+            if template is None:
+                return await self._reject(
+                    claim,
+                    "TemplateNotFound",
+                    f"SandboxTemplate {tname!r} (of pool {pool_name!r}) not found",
+                )
+            try:
+                validate_claim(claim, template)
+                cold = bool(spec.get("env")) or bool(spec.get("volumeClaimTemplates"))
+                if not cold:
+                    sandbox = await self._adopt(claim, pool, template)
+                    launch = "warm"
+                if sandbox is None:
+                    sandbox = await self._cold_start(claim, template)
+                    launch = "cold"
+            except ClaimRejected as e:
+                return await self._reject(claim, e.reason, str(e))
+            if sandbox is None:
+                return Result(requeue_after=0.5)
+            self._assigned[uid] = sandbox["metadata"]["name"]
+            CLAIMS.labels(launch).inc()
+            sbn = sandbox["metadata"]["name"]
+            if launch == "warm":
+                await op.events.record(
+                    claim, "Normal", "SandboxAdopted", f"Adopted warm pool Sandbox {sbn!r}"
+                )
+            else:
+                await op.events.record(
+                    claim, "Normal", "SandboxProvisioned", f"Created Sandbox {sbn!r}"
+                )
+
+        # annotate + status -------------------------------------------------------
+        sbname = sandbox["metadata"]["name"]
+        if (claim["metadata"].get("annotations") or {}).get(ASSIGNED_SANDBOX_ANNOTATION) != sbname:
+            try:
+                claim = await op.client.patch(
+                    CLAIM,
+                    ns,
+                    name,
+                    {"metadata": {"annotations": {ASSIGNED_SANDBOX_ANNOTATION: sbname}}},
+                )
+                op.claims.upsert_local(claim)
+            except ApiError as e:
+                if e.not_found:
+                    return None
+                raise
+        sready = get_condition(sandbox, "Ready")
+        if sready is not None and sready.get("reason") == "SandboxExpired":
+            cond = (
+                "False",
+                "SandboxExpired",
+                "Underlying Sandbox resource has expired independently of the Claim.",
+            )
+        elif sandbox_ready(sandbox):
+            cond = ("True", "SandboxReady", "Sandbox is ready")
+            if uid not in self._ready_seen:
+                self._ready_seen.add(uid)
+                created = parse_time(claim["metadata"].get("creationTimestamp"))
+                if created:
+                    lt = (sandbox["metadata"].get("labels") or {}).get(LAUNCH_TYPE_LABEL, "unknown")
+                    CLAIM_READY_SECONDS.labels(lt).observe(max(0.0, time.time() - created))
+        else:
+            cond = (
+                "False",
+                "SandboxNotReady",
+                (sready or {}).get("message") or "Sandbox is not ready",
+            )
+        await self._set_status(claim, sandbox, cond)
+        return result
+
+    def _forget_missing(self) -> None:
+        live = {c["metadata"]["uid"] for c in self.op.claims.items()}
+        for u in list(self._assigned):
+            if u not in live:
+                del self._assigned[u]
+        self._ready_seen &= live
+
+    # -- finding / adopting / creating ----------------------------------------
+
+    async def _bound_sandbox(self, claim: dict) -> dict | None:
+        op = self.op
+        ns = claim["metadata"]["namespace"]
+        uid = claim["metadata"]["uid"]
+        owned = [s for s in op.sandboxes.by_index("controller-uid", uid) if not deleting(s)]
+        if len(owned) > 1:
+            # should never happen; keep the recorded one, release the others
+            keep = self._assigned.get(uid) or (claim["metadata"].get("annotations") or {}).get(
+                ASSIGNED_SANDBOX_ANNOTATION
+            )
+            owned.sort(
+                key=lambda s: (
+                    s["metadata"]["name"] != keep,
+                    s["metadata"].get("creationTimestamp", ""),
+                )
+            )
+            for extra in owned[1:]:
+                await op.events.record(
+                    claim,
+                    "Warning",
+                    "DuplicateSandbox",
+                    f"releasing extra Sandbox {extra['metadata']['name']!r}",
+                )
+                try:
+                    await op.client.delete(
+                        SANDBOX, ns, extra["metadata"]["name"], uid=extra["metadata"]["uid"]
+                    )
+                except ApiError as e:
+                    if not (e.not_found or e.conflict):
+                        raise
+        if owned:
+            return owned[0]
+        want = self._assigned.get(uid)
+        if want:
+            sb = op.sandboxes.get(ns, want)
+            if sb is None:
+                try:
+                    sb = await op.client.get(SANDBOX, ns, want)
+                    op.sandboxes.upsert_local(sb)
+                except ApiError as e:
+                    if not e.not_found:
+                        raise
+                    sb = None
+            if sb is not None and is_controlled_by(sb, claim) and not deleting(sb):
+                return sb
+            self._assigned.pop(uid, None)
+        return None
+
+    async def _adopt(self, claim: dict, pool: dict, template: dict) -> dict | None:
+        op = self.op
+        ns = claim["metadata"]["namespace"]
+        pool_uid = pool["metadata"]["uid"]
+        recreate = ((pool.get("spec", {}).get("updateStrategy") or {}).get("type")) == "Recreate"
+        current = blueprint_hash(template)
+        cands = []
+        for sb in op.sandboxes.by_index("warm-pool", name_hash(pool["metadata"]["name"])):
+            md = sb["metadata"]
+            if md["namespace"] != ns or deleting(sb) or (ns, md["name"]) in self._reserved:
+                continue
+            ref = controller_of(sb)
+            if ref is None or ref.get("uid") != pool_uid or not sandbox_ready(sb):
+                continue
+            if recreate and is_stale(sb, template, current):
+                continue
+            cands.append(sb)
+        random.shuffle(cands)
+        for cand in cands[:8]:
+            k = (ns, cand["metadata"]["name"])
+            if k in self._reserved:
+                continue
+            self._reserved.add(k)
+            try:
+                body = adopted_body(cand, claim, template)
+                try:
+                    adopted = await op.client.replace(SANDBOX, body)
+                except ApiError as e:
+                    if e.conflict or e.not_found:
+                        ADOPTION_CONFLICTS.inc()
+                        continue
+                    raise
+                op.sandboxes.upsert_local(adopted)
+                return adopted
+            finally:
+                self._reserved.discard(k)
+        return None
+
+    async def _cold_start(self, claim: dict, template: dict) -> dict | None:
+        op = self.op
+        ns, name = claim["metadata"]["namespace"], claim["metadata"]["name"]
+        body = build_cold_sandbox(claim, template)
+        try:
+            sb = await op.client.create(SANDBOX, ns, body, fieldManager=FIELD_MANAGER)
+        except ApiError as e:
+            if not e.already_exists:
+                raise
+            sb = await op.client.get(SANDBOX, ns, name)
+            if not is_controlled_by(sb, claim):
+                raise ClaimRejected(
+                    "SandboxNameConflict",
+                    f"a Sandbox named {name!r} already exists and belongs to someone else",
+                ) from e
+        op.sandboxes.upsert_local(sb)
+        return sb
+
+    # -- status / expiry ---------------------------------------------------------
+
+    async def _reject(self, claim: dict, reason: str, message: str) -> Result | None:
+        await self._set_status(claim, None, ("False", reason, message))
+        await self.op.events.record(claim, "Warning", reason, message)
+        return None  # level-triggered: a change of claim, pool or template requeues it
+
+    async def _set_status(
+        self, claim: dict, sandbox: dict | None, ready: tuple[str, str, str]
+    ) -> None:
+        old = claim.get("status") or {}
+        gen = claim["metadata"].get("generation")
+        conds = set_condition(old.get("conditions") or [], "Ready", *ready, gen)
+        if sandbox is not None:
+            fin = get_condition(sandbox, "Finished")
+            if fin is not None and fin.get("status") == "True":
+                conds = set_condition(
+                    conds,
+                    "Finished",
+                    "True",
+                    fin.get("reason", "PodFinished"),
+                    fin.get("message", ""),
+                    gen,
+                )
+        new = dict(old)
+        new["conditions"] = conds
+        if sandbox is not None:
+            ips = (sandbox.get("status") or {}).get("podIPs") or None
+            sbs = {"name": sandbox["metadata"]["name"]}
+            if ips:
+                sbs["podIPs"] = ips
+            new["sandbox"] = sbs
+        if new == old:
+            return
+        patch = dict(new)
+        if (
+            sandbox is not None
+            and "podIPs" not in new["sandbox"]
+            and "podIPs" in (old.get("sandbox") or {})
+        ):
+            patch["sandbox"] = dict(new["sandbox"], podIPs=None)
+        try:
+            updated = await self.op.client.patch(
+                CLAIM,
+                claim["metadata"]["namespace"],
+                claim["metadata"]["name"],
+                {"status": patch},
+                sub="status",
+            )
+            self.op.claims.upsert_local(updated)
+        except ApiError as e:
+            if not e.not_found:
+                raise
+
+    async def _expire(self, claim: dict, policy: str) -> Result | None:
+        op = self.op
+        ns, name = claim["metadata"]["namespace"], claim["metadata"]["name"]
+        if policy in ("Delete", "DeleteForeground"):
+            try:
+                await op.client.delete(
+                    CLAIM,
+                    ns,
+                    name,
+                    propagation="Foreground" if policy == "DeleteForeground" else "Background",
+                    uid=claim["metadata"]["uid"],
+                )
+            except ApiError as e:
+                if not (e.not_found or e.conflict):
+                    raise
+            return None
+        for sb in op.sandboxes.by_index("controller-uid", claim["metadata"]["uid"]):
+            if not deleting(sb):
+                try:
+                    await op.client.delete(
+                        SANDBOX, ns, sb["metadata"]["name"], uid=sb["metadata"]["uid"]
+                    )
+                except ApiError as e:
+                    if not (e.not_found or e.conflict):
+                        raise
+        old = get_condition(claim, "Ready")
+        if old is None or old.get("reason") != "ClaimExpired":
+            await op.events.record(
+                claim, "Normal", "ClaimExpired", "Claim expired; Sandbox deleted"
+            )
+        await self._set_status(
+            claim, None, ("False", "ClaimExpired", "Claim expired. Sandbox cleanup initiated.")
+        )
+        return None

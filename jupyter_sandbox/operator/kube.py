@@ -1,0 +1,339 @@
+"""A small asyncio Kubernetes REST client working on plain dicts.
+
+Only what the operator needs: kubeconfig / in-cluster config, get / list /
+watch / create / update / patch (merge, JSON, server-side apply) / delete, with
+precise control of resourceVersion preconditions and watch bookmarks.  Objects
+stay JSON dicts end to end (no model (de)serialisation), which keeps the
+informer caches cheap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import ssl
+import tempfile
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+import aiohttp
+import yaml
+
+SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+
+
+class ApiError(Exception):
+    """Non-2xx answer from the API server."""
+
+    def __init__(self, status: int, body: dict | str, method: str = "", path: str = "") -> None:
+        self.status = status
+        self.body = body if isinstance(body, dict) else {"message": str(body)}
+        self.reason = self.body.get("reason", "")
+        super().__init__(
+            f"{method} {path}: {status} {self.reason} {self.body.get('message', '')}".strip()
+        )
+
+    @property
+    def not_found(self) -> bool:
+        return self.status == 404
+
+    @property
+    def conflict(self) -> bool:
+        return self.status == 409
+
+    @property
+    def already_exists(self) -> bool:
+        return self.status == 409 and self.reason == "AlreadyExists"
+
+    @property
+    def gone(self) -> bool:
+        return self.status == 410
+
+
+@dataclass(frozen=True)
+class Resource:
+    """A REST resource: group/version/plural (namespaced)."""
+
+    group: str
+    version: str
+    plural: str
+    kind: str
+    namespaced: bool = True
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    def path(
+        self, namespace: str | None = None, name: str | None = None, sub: str | None = None
+    ) -> str:
+        base = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
+        if self.namespaced and namespace:
+            base += f"/namespaces/{namespace}"
+        base += f"/{self.plural}"
+        if name:
+            base += f"/{name}"
+            if sub:
+                base += f"/{sub}"
+        return base
+
+
+SANDBOX = Resource("agents.x-k8s.io", "v1beta1", "sandboxes", "Sandbox")
+TEMPLATE = Resource("extensions.agents.x-k8s.io", "v1beta1", "sandboxtemplates", "SandboxTemplate")
+WARMPOOL = Resource("extensions.agents.x-k8s.io", "v1beta1", "sandboxwarmpools", "SandboxWarmPool")
+CLAIM = Resource("extensions.agents.x-k8s.io", "v1beta1", "sandboxclaims", "SandboxClaim")
+POD = Resource("", "v1", "pods", "Pod")
+SERVICE = Resource("", "v1", "services", "Service")
+PVC = Resource("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim")
+EVENT = Resource("", "v1", "events", "Event")
+NETPOL = Resource("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy")
+LEASE = Resource("coordination.k8s.io", "v1", "leases", "Lease")
+
+
+@dataclass
+class Config:
+    server: str
+    token: str | None = None
+    ssl: ssl.SSLContext | bool = True
+    token_file: str | None = None
+
+
+def _materialise(data_b64: str | None, path: str | None, base: Path) -> str | None:
+    if data_b64:
+        f = tempfile.NamedTemporaryFile(delete=False, prefix="kube-", suffix=".pem")
+        f.write(base64.b64decode(data_b64))
+        f.close()
+        return f.name
+    if path:
+        p = Path(path)
+        return str(p if p.is_absolute() else base / p)
+    return None
+
+
+def load_config(kubeconfig: str | None = None, context: str | None = None) -> Config:
+    """kubeconfig (explicit, $KUBECONFIG, ~/.kube/config) or in-cluster service account."""
+    path = kubeconfig or os.environ.get("KUBECONFIG")
+    if not path and (SA_DIR / "token").exists() and os.environ.get("KUBERNETES_SERVICE_HOST"):
+        host = os.environ["KUBERNETES_SERVICE_HOST"]
+        port = os.environ.get("KUBERNETES_SERVICE_PORT", "443")
+        ctx = ssl.create_default_context(cafile=str(SA_DIR / "ca.crt"))
+        return Config(server=f"https://{host}:{port}", ssl=ctx, token_file=str(SA_DIR / "token"))
+    path = path or str(Path.home() / ".kube" / "config")
+    base = Path(path).parent
+    cfg = yaml.safe_load(Path(path).read_text())
+    ctx_name = context or cfg.get("current-context")
+    ctx = next(c["context"] for c in cfg["contexts"] if c["name"] == ctx_name)
+    cluster = next(c["cluster"] for c in cfg["clusters"] if c["name"] == ctx["cluster"])
+    user = next((u["user"] for u in cfg.get("users", []) if u["name"] == ctx.get("user")), {}) or {}
+    server = cluster["server"].rstrip("/")
+    sslctx: ssl.SSLContext | bool = True
+    if server.startswith("https"):
+        if cluster.get("insecure-skip-tls-verify"):
+            sslctx = False
+        else:
+            ca = _materialise(
+                cluster.get("certificate-authority-data"),
+                cluster.get("certificate-authority"),
+                base,
+            )
+            sslctx = ssl.create_default_context(cafile=ca) if ca else ssl.create_default_context()
+        cert = _materialise(
+            user.get("client-certificate-data"), user.get("client-certificate"), base
+        )
+        key = _materialise(user.get("client-key-data"), user.get("client-key"), base)
+        if cert and key:
+            if sslctx is False:
+                sslctx = ssl.create_default_context()
+                sslctx.check_hostname = False
+                sslctx.verify_mode = ssl.CERT_NONE
+            assert isinstance(sslctx, ssl.SSLContext)
+            sslctx.load_cert_chain(cert, key)
+    return Config(
+        server=server, token=user.get("token"), ssl=sslctx, token_file=user.get("tokenFile")
+    )
+
+
+class Client:
+    """Async API client.  Create inside a running event loop; ``await close()``."""
+
+    def __init__(
+        self,
+        config: Config,
+        max_connections: int = 64,
+        user_agent: str = "jupyter-sandbox-operator",
+    ) -> None:
+        self.config = config
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=max_connections, ssl=config.ssl),
+            headers={"User-Agent": user_agent},
+        )
+
+    async def close(self) -> None:
+        await self._session.close()
+
+    def _headers(self, content_type: str | None = None) -> dict[str, str]:
+        h = {"Accept": "application/json"}
+        token = self.config.token
+        if self.config.token_file:
+            token = Path(self.config.token_file).read_text().strip()
+        if token:
+            h["Authorization"] = f"Bearer {token}"
+        if content_type:
+            h["Content-Type"] = content_type
+        return h
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        params: dict[str, Any] | None = None,
+        content_type: str = "application/json",
+        timeout: float = 30,
+    ) -> dict:
+        url = self.config.server + path
+        if params:
+            url += "?" + urlencode({k: v for k, v in params.items() if v is not None})
+        data = (
+            None if body is None else (body if isinstance(body, (bytes, str)) else json.dumps(body))
+        )
+        async with self._session.request(
+            method,
+            url,
+            data=data,
+            headers=self._headers(content_type if data is not None else None),
+            timeout=aiohttp.ClientTimeout(total=timeout),
+        ) as r:
+            raw = await r.read()
+            try:
+                payload = json.loads(raw) if raw else {}
+            except ValueError:
+                payload = {"message": raw.decode(errors="replace")}
+            if r.status >= 400:
+                raise ApiError(r.status, payload, method, path)
+            return payload
+
+    # -- verbs -----------------------------------------------------------------
+
+    async def get(
+        self, res: Resource, namespace: str | None, name: str, sub: str | None = None
+    ) -> dict:
+        return await self.request("GET", res.path(namespace, name, sub))
+
+    async def list(self, res: Resource, namespace: str | None = None, **params: Any) -> dict:
+        return await self.request("GET", res.path(namespace), params=params)
+
+    async def create(self, res: Resource, namespace: str | None, obj: dict, **params: Any) -> dict:
+        obj.setdefault("apiVersion", res.api_version)
+        obj.setdefault("kind", res.kind)
+        return await self.request("POST", res.path(namespace), obj, params=params or None)
+
+    async def replace(self, res: Resource, obj: dict, sub: str | None = None) -> dict:
+        """PUT; the object's metadata.resourceVersion is the optimistic-lock precondition."""
+        md = obj["metadata"]
+        return await self.request("PUT", res.path(md.get("namespace"), md["name"], sub), obj)
+
+    async def patch(
+        self,
+        res: Resource,
+        namespace: str | None,
+        name: str,
+        patch: Any,
+        sub: str | None = None,
+        kind: str = "merge",
+        field_manager: str | None = None,
+        force: bool | None = None,
+    ) -> dict:
+        ctype = {
+            "merge": "application/merge-patch+json",
+            "json": "application/json-patch+json",
+            "strategic": "application/strategic-merge-patch+json",
+            "apply": "application/apply-patch+yaml",
+        }[kind]
+        params: dict[str, Any] = {}
+        if field_manager:
+            params["fieldManager"] = field_manager
+        if force is not None:
+            params["force"] = "true" if force else "false"
+        return await self.request(
+            "PATCH", res.path(namespace, name, sub), patch, params=params, content_type=ctype
+        )
+
+    async def delete(
+        self,
+        res: Resource,
+        namespace: str | None,
+        name: str,
+        propagation: str | None = "Background",
+        uid: str | None = None,
+        resource_version: str | None = None,
+    ) -> dict:
+        body: dict[str, Any] = {"kind": "DeleteOptions", "apiVersion": "v1"}
+        if propagation:
+            body["propagationPolicy"] = propagation
+        pre: dict[str, str] = {}
+        if uid:
+            pre["uid"] = uid
+        if resource_version:
+            pre["resourceVersion"] = resource_version
+        if pre:
+            body["preconditions"] = pre
+        return await self.request("DELETE", res.path(namespace, name), body)
+
+    async def watch(
+        self,
+        res: Resource,
+        namespace: str | None,
+        resource_version: str,
+        label_selector: str | None = None,
+        timeout_seconds: int = 300,
+    ) -> AsyncIterator[dict]:
+        """Yield watch events ({type, object}) until the server closes the stream."""
+        params = {
+            "watch": "true",
+            "resourceVersion": resource_version,
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": str(timeout_seconds),
+            "labelSelector": label_selector,
+        }
+        url = (
+            self.config.server
+            + res.path(namespace)
+            + "?"
+            + urlencode({k: v for k, v in params.items() if v})
+        )
+        async with self._session.get(
+            url,
+            headers=self._headers(),
+            timeout=aiohttp.ClientTimeout(
+                total=None, sock_connect=30, sock_read=timeout_seconds + 30
+            ),
+        ) as r:
+            if r.status >= 400:
+                raw = await r.read()
+                try:
+                    payload = json.loads(raw)
+                except ValueError:
+                    payload = {"message": raw.decode(errors="replace")}
+                raise ApiError(r.status, payload, "WATCH", res.path(namespace))
+            buf = b""
+            async for chunk in r.content.iter_any():
+                buf += chunk
+                while b"\n" in buf:
+                    line, buf = buf.split(b"\n", 1)
+                    if line.strip():
+                        yield json.loads(line)
+
+
+async def sleep_or_stop(stop: asyncio.Event, seconds: float) -> bool:
+    """Sleep, returning True early if ``stop`` is set."""
+    try:
+        await asyncio.wait_for(stop.wait(), timeout=seconds)
+        return True
+    except TimeoutError:
+        return False

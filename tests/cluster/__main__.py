@@ -1,0 +1,125 @@
+"""Bring the test control plane up or down by hand.
+
+    python -m tests.cluster up      # idempotent; prints the kubeconfig path
+    python -m tests.cluster status
+    python -m tests.cluster down    # idempotent; kills everything, removes data
+
+State lives in ``$JUPYTER_SANDBOX_CACHE/run/cluster.json`` (outside the repo).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import sys
+import time
+from pathlib import Path
+
+from .controlplane import ControlPlane, cache_root, missing_binaries, write_state
+
+
+def state_file() -> Path:
+    d = cache_root() / "run"
+    d.mkdir(parents=True, exist_ok=True)
+    return d / "cluster.json"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+def _read_state() -> dict | None:
+    f = state_file()
+    if not f.exists():
+        return None
+    try:
+        return json.loads(f.read_text())
+    except ValueError:
+        return None
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    st = _read_state()
+    if st and all(_alive(p) for p in st["pids"].values()):
+        print(st["kubeconfig"])
+        return 0
+    if st:
+        cmd_down(args)
+    missing = missing_binaries(with_kwok=not args.no_kwok)
+    if missing:
+        print(f"missing binaries: {missing}; run tests/cluster/build.sh", file=sys.stderr)
+        return 1
+    workdir = cache_root() / "run" / "cluster"
+    shutil.rmtree(workdir, ignore_errors=True)
+    cp = ControlPlane(workdir=workdir, with_kwok=not args.no_kwok, nodes=args.nodes)
+    t0 = time.monotonic()
+    cp.start()
+    write_state(cp, state_file())
+    print(f"control plane up in {time.monotonic() - t0:.1f}s at {cp.url}", file=sys.stderr)
+    print(cp.kubeconfig)
+    # the children run in their own sessions and outlive us; forget them so
+    # Popen's destructor does not complain
+    cp.procs.clear()
+    return 0
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    st = _read_state()
+    if not st:
+        return 0
+    pids = list(st["pids"].values())
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in pids:
+            if _alive(pid):
+                try:
+                    os.killpg(pid, sig)
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and any(_alive(p) for p in pids):
+            time.sleep(0.1)
+            for pid in pids:  # reap if they happen to be our children
+                try:
+                    os.waitpid(pid, os.WNOHANG)
+                except ChildProcessError:
+                    pass
+        if not any(_alive(p) for p in pids):
+            break
+    shutil.rmtree(st["workdir"], ignore_errors=True)
+    state_file().unlink(missing_ok=True)
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    st = _read_state()
+    if not st:
+        print("down")
+        return 1
+    alive = {n: _alive(p) for n, p in st["pids"].items()}
+    print(json.dumps({"url": st["url"], "kubeconfig": st["kubeconfig"], "alive": alive}, indent=2))
+    return 0 if all(alive.values()) else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m tests.cluster")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    up = sub.add_parser("up")
+    up.add_argument("--no-kwok", action="store_true", help="no scheduler/kwok (pods never run)")
+    up.add_argument("--nodes", type=int, default=1)
+    sub.add_parser("down")
+    sub.add_parser("status")
+    a = p.parse_args(argv)
+    return {"up": cmd_up, "down": cmd_down, "status": cmd_status}[a.cmd](a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

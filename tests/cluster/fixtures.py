@@ -1,0 +1,118 @@
+"""pytest plugin: a session-scoped real control plane with our CRDs installed.
+
+Use ``-p tests.cluster.fixtures`` (or register it in a conftest) and mark tests
+that need it with ``@pytest.mark.cluster``.  Missing binaries skip those tests
+with the reason, except under ``CI`` where they fail loudly.
+
+``JUPYTER_SANDBOX_TEST_KUBECONFIG`` points the fixture at an already running
+control plane (e.g. one started with ``tests/cluster/up.sh``) instead of
+starting a fresh one.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+from .controlplane import ControlPlane, missing_binaries
+
+REPO = Path(__file__).resolve().parents[2]
+CRD_DIR = REPO / "deploy" / "crds"
+
+
+@dataclass
+class KubeCluster:
+    kubeconfig: Path
+    url: str
+    controlplane: ControlPlane | None = None
+
+    def api_client(self):
+        """A fresh ``kubernetes`` (sync) ApiClient for this cluster."""
+        from kubernetes import client, config
+
+        cfg = client.Configuration()
+        config.load_kube_config(config_file=str(self.kubeconfig), client_configuration=cfg)
+        return client.ApiClient(cfg)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "cluster: needs the real Kubernetes test control plane (tests/cluster)"
+    )
+
+
+def crd_documents() -> list[dict]:
+    docs = []
+    for f in sorted(CRD_DIR.glob("*.yaml")):
+        docs += [d for d in yaml.safe_load_all(f.read_text()) if d]
+    return docs
+
+
+def install_crds(api_client, timeout: float = 60) -> None:
+    """Create or update our CRDs and wait until each is Established."""
+    from kubernetes import client
+    from kubernetes.client.rest import ApiException
+
+    ext = client.ApiextensionsV1Api(api_client)
+    names = []
+    for doc in crd_documents():
+        name = doc["metadata"]["name"]
+        names.append(name)
+        try:
+            cur = ext.read_custom_resource_definition(name)
+            doc["metadata"]["resourceVersion"] = cur.metadata.resource_version
+            ext.replace_custom_resource_definition(name, doc)
+        except ApiException as e:
+            if e.status != 404:
+                raise
+            ext.create_custom_resource_definition(doc)
+    deadline = time.monotonic() + timeout
+    for name in names:
+        while True:
+            crd = ext.read_custom_resource_definition(name)
+            conds = {c.type: c.status for c in (crd.status.conditions or [])} if crd.status else {}
+            if conds.get("Established") == "True":
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"CRD {name} not Established: {conds}")
+            time.sleep(0.1)
+
+
+@pytest.fixture(scope="session")
+def kube_cluster():
+    external = os.environ.get("JUPYTER_SANDBOX_TEST_KUBECONFIG")
+    if external:
+        cfg = yaml.safe_load(Path(external).read_text())
+        cluster = KubeCluster(
+            kubeconfig=Path(external), url=cfg["clusters"][0]["cluster"]["server"]
+        )
+        with cluster.api_client() as api:
+            install_crds(api)
+        yield cluster
+        return
+    missing = missing_binaries()
+    if missing:
+        msg = (
+            f"Kubernetes test binaries missing ({', '.join(missing)}): run tests/cluster/build.sh "
+            "or set KUBEBUILDER_ASSETS"
+        )
+        if os.environ.get("CI"):
+            pytest.fail(msg, pytrace=False)
+        pytest.skip(msg)
+    cp = ControlPlane()
+    t0 = time.monotonic()
+    cp.start()
+    try:
+        cluster = KubeCluster(kubeconfig=cp.kubeconfig, url=cp.url, controlplane=cp)
+        with cluster.api_client() as api:
+            install_crds(api)
+        took = time.monotonic() - t0
+        print(f"\n[kube_cluster] control plane + CRDs ready in {took:.1f}s at {cp.url}")
+        yield cluster
+    finally:
+        cp.stop()
