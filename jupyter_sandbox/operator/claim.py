@@ -16,7 +16,6 @@ its Sandbox through the garbage collector (controller ownerReference).
 from __future__ import annotations
 
 import copy
-import random
 import time
 from typing import TYPE_CHECKING
 
@@ -460,7 +459,11 @@ class ClaimReconciler:
             if recreate and is_stale(sb, template, current):
                 continue
             cands.append(sb)
-        random.shuffle(cands)
+        # oldest first: members that have been Ready longest go out first, and a
+        # refill that turns Ready mid-burst never overtakes an original member
+        cands.sort(
+            key=lambda s: (s["metadata"].get("creationTimestamp", ""), s["metadata"]["name"])
+        )
         for cand in cands[:8]:
             k = (ns, cand["metadata"]["name"])
             if k in self._reserved:

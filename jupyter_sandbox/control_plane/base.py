@@ -1,0 +1,202 @@
+"""The one interface both control planes implement.
+
+The kernel provisioner, the server extension and the SDK speak only this; the
+local daemon and Kubernetes (SandboxClaim objects) sit behind it.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+
+class Phase(StrEnum):
+    PENDING = "Pending"  # claimed, sandbox not ready yet (cold start or waiting for the pool)
+    READY = "Ready"
+    SUSPENDING = "Suspending"
+    SUSPENDED = "Suspended"
+    RESUMING = "Resuming"
+    FAILED = "Failed"
+    TERMINATING = "Terminating"
+
+
+class ClaimError(Exception):
+    """A claim could not be made or used; ``reason`` is a stable machine-readable word."""
+
+    reason = "ClaimFailed"
+    status = 500
+
+    def __init__(self, message: str, *, hint: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def to_json(self) -> dict[str, str]:
+        return {"reason": self.reason, "message": self.message, "hint": self.hint}
+
+
+class PoolNotFound(ClaimError):
+    reason = "PoolNotFound"
+    status = 404
+
+
+class ClaimNotFound(ClaimError):
+    reason = "ClaimNotFound"
+    status = 404
+
+
+class ClaimTimeout(ClaimError):
+    reason = "Timeout"
+    status = 504
+
+
+class QuotaExceeded(ClaimError):
+    reason = "QuotaExceeded"
+    status = 429
+
+
+class InvalidRequest(ClaimError):
+    reason = "Invalid"
+    status = 400
+
+
+class BackendUnavailable(ClaimError):
+    reason = "BackendUnavailable"
+    status = 503
+
+
+ERRORS: dict[str, type[ClaimError]] = {
+    cls.reason: cls
+    for cls in (ClaimError, PoolNotFound, ClaimNotFound, ClaimTimeout, QuotaExceeded,
+                InvalidRequest, BackendUnavailable)
+}
+
+
+def error_from_json(body: dict[str, Any]) -> ClaimError:
+    cls = ERRORS.get(str(body.get("reason")), ClaimError)
+    return cls(str(body.get("message", "claim failed")), hint=str(body.get("hint", "")))
+
+
+@dataclass
+class Endpoint:
+    """How to reach a sandbox's runtime through the router."""
+
+    router_url: str
+    namespace: str
+    name: str
+    port: int = 8888
+    token: str | None = None
+
+    def headers(self) -> dict[str, str]:
+        headers = {
+            "X-Sandbox-ID": self.name,
+            "X-Sandbox-Namespace": self.namespace,
+            "X-Sandbox-Port": str(self.port),
+        }
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        return headers
+
+    def url(self, path: str, *, websocket: bool = False) -> str:
+        parts = urlsplit(self.router_url)
+        scheme = parts.scheme
+        if websocket:
+            scheme = "wss" if scheme == "https" else "ws"
+        base = parts.path.rstrip("/")
+        return urlunsplit((scheme, parts.netloc, base + "/" + path.lstrip("/"), "", ""))
+
+
+@dataclass
+class ClaimRequest:
+    pool: str
+    labels: dict[str, str] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+    owner_pid: int | None = None
+    name: str | None = None
+
+
+@dataclass
+class ClaimStatus:
+    name: str
+    namespace: str
+    pool: str
+    phase: Phase
+    sandbox: str | None = None
+    warm: bool | None = None  # adopted from the pool (True) or cold-started (False)
+    isolation: str = "unknown"  # bubblewrap | kubernetes | none
+    isolation_detail: str = ""
+    workspace: str | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+    created: float = 0.0
+    ready_at: float | None = None
+    message: str = ""
+    endpoint: Endpoint | None = None
+    resources: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, body: dict[str, Any]) -> ClaimStatus:
+        data = dict(body)
+        data["phase"] = Phase(data["phase"])
+        if data.get("endpoint"):
+            data["endpoint"] = Endpoint(**data["endpoint"])
+        return cls(**data)
+
+
+@dataclass
+class PoolStatus:
+    name: str
+    namespace: str
+    replicas: int
+    ready: int
+    starting: int = 0
+    claimed: int = 0
+    isolation: str = "unknown"
+    display_name: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class ControlPlane(abc.ABC):
+    """Claim, wait ready, suspend, resume, release, status and list."""
+
+    @abc.abstractmethod
+    async def claim(self, request: ClaimRequest) -> ClaimStatus:
+        """Create a claim against a pool; returns at once, possibly still Pending."""
+
+    @abc.abstractmethod
+    async def wait_ready(self, name: str, timeout: float) -> ClaimStatus:
+        """Wait until the claim's sandbox is Ready; ClaimTimeout after ``timeout``."""
+
+    @abc.abstractmethod
+    async def suspend(self, name: str) -> ClaimStatus:
+        """Stop the sandbox's compute, keep its workspace."""
+
+    @abc.abstractmethod
+    async def resume(self, name: str) -> ClaimStatus:
+        """Start a suspended sandbox again (returns when asked, not when Ready)."""
+
+    @abc.abstractmethod
+    async def release(self, name: str) -> None:
+        """Delete the claim and its sandbox. Idempotent: a missing claim is fine."""
+
+    @abc.abstractmethod
+    async def status(self, name: str) -> ClaimStatus | None:
+        """The claim's current state, or None when it does not exist."""
+
+    @abc.abstractmethod
+    async def list_claims(self, labels: dict[str, str] | None = None) -> list[ClaimStatus]:
+        """Claims whose labels include all of ``labels``."""
+
+    @abc.abstractmethod
+    async def list_pools(self) -> list[PoolStatus]:
+        """Pools with their warm and target counts."""
+
+    async def close(self) -> None:
+        """Release client resources (not the claims)."""

@@ -1,0 +1,507 @@
+"""Level-triggered reconcilers for the local daemon's pools, sandboxes and claims.
+
+One loop compares what the store says should exist with the processes that do,
+and acts on the difference; every change (an API call, a process exiting, a
+sandbox becoming ready) just wakes the loop. Doing the whole comparison on each
+pass keeps the daemon correct after a crash or a missed event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from ..base import ClaimNotFound, ClaimRequest, ClaimTimeout, InvalidRequest, Phase, PoolNotFound
+from .isolation import Isolation
+from .model import NAMESPACE, Claim, PoolSpec, Sandbox, Store, check_labels, check_name, random_suffix
+from .process import LaunchSpec, Limits, SandboxProcess
+
+log = logging.getLogger(__name__)
+
+RESYNC_SECONDS = 2.0
+READY_TIMEOUT = 120.0
+MAX_QUICK_RESTARTS = 5
+
+
+class LocalController:
+    def __init__(
+        self,
+        base: Path,
+        isolation: Isolation,
+        *,
+        orphan_grace: float = 30.0,
+        max_claims: int = 200,
+    ) -> None:
+        self.base = base
+        self.isolation = isolation
+        self.orphan_grace = orphan_grace
+        self.max_claims = max_claims
+        self.store = Store(base / "state.json")
+        self.processes: dict[str, SandboxProcess] = {}
+        self._wake = asyncio.Event()
+        self._changed = asyncio.Condition()
+        self._dirty = False
+        self._orphan_since: dict[str, float] = {}
+        self._failures: dict[str, list[float]] = {}
+        self._deleting: set[asyncio.Task[None]] = set()
+        self.listeners: set[Callable[[str, dict[str, Any]], None]] = set()
+        (base / "workspaces").mkdir(exist_ok=True)
+        (base / "run").mkdir(exist_ok=True, mode=0o700)
+        (base / "logs").mkdir(exist_ok=True)
+
+    # -- start-up --------------------------------------------------------
+
+    def load(self, default_pools: list[PoolSpec]) -> None:
+        self.store.load()
+        for pool in default_pools:
+            self.store.pools.setdefault(pool.name, pool)
+        for sandbox in self.store.sandboxes.values():
+            _reap_stale_process(sandbox.pid)
+            sandbox.pid = None
+            sandbox.ready = False
+        self._dirty = True
+
+    # -- API used by the HTTP handlers ------------------------------------
+
+    def apply_pool(self, spec: PoolSpec) -> PoolSpec:
+        self.store.pools[spec.name] = spec
+        self._touch("pool", spec.name)
+        return spec
+
+    def delete_pool(self, name: str) -> None:
+        if self.store.pools.pop(name, None) is None:
+            raise PoolNotFound(f"pool {name!r} does not exist")
+        self._touch("pool", name)
+
+    def create_claim(self, request: ClaimRequest) -> Claim:
+        check_name("pool", request.pool)
+        if request.pool not in self.store.pools:
+            raise PoolNotFound(
+                f"pool {request.pool!r} does not exist",
+                hint=f"create it with: jupyter-sandbox pool create {request.pool}",
+            )
+        labels = check_labels(request.labels)
+        env = check_labels_env(request.env)
+        if len(self.store.claims) >= self.max_claims:
+            raise InvalidRequest(f"at most {self.max_claims} claims may exist at once")
+        name = request.name or f"{request.pool}-claim-{random_suffix(6)}"
+        check_name("claim", name)
+        if name in self.store.claims:
+            raise InvalidRequest(f"claim {name!r} already exists")
+        owner_start = None
+        if request.owner_pid is not None:
+            if not isinstance(request.owner_pid, int) or request.owner_pid <= 0:
+                raise InvalidRequest("owner_pid must be a positive integer")
+            owner_start = _start_time(request.owner_pid)
+            if owner_start is None:
+                raise InvalidRequest(f"owner process {request.owner_pid} is not running")
+        claim = Claim(name=name, pool=request.pool, labels=labels, env=env,
+                      owner_pid=request.owner_pid, owner_start=owner_start)
+        self.store.claims[name] = claim
+        # Adopt right away when a warm sandbox is ready: the claim answers Ready at once.
+        self._reconcile_claim(claim)
+        self._touch("claim", name)
+        return claim
+
+    def get_claim(self, name: str) -> Claim:
+        claim = self.store.claims.get(name)
+        if claim is None:
+            raise ClaimNotFound(f"claim {name!r} does not exist")
+        return claim
+
+    def set_suspended(self, name: str, suspended: bool) -> Claim:
+        claim = self.get_claim(name)
+        if claim.suspended != suspended:
+            claim.suspended = suspended
+            self._reconcile_claim(claim)
+            self._touch("claim", name)
+        return claim
+
+    def delete_claim(self, name: str) -> bool:
+        claim = self.store.claims.pop(name, None)
+        if claim is None:
+            return False
+        if claim.sandbox:
+            self._delete_sandbox(claim.sandbox)
+        self._touch("claim", name, deleted=True)
+        return True
+
+    async def wait_for_claim(self, name: str, phases: set[Phase], timeout: float) -> Claim:
+        deadline = time.monotonic() + timeout
+        async with self._changed:
+            while True:
+                claim = self.get_claim(name)
+                if claim.phase in phases or claim.phase == Phase.FAILED:
+                    return claim
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise ClaimTimeout(
+                        f"claim {name!r} is still {claim.phase} after {timeout:g}s",
+                        hint="the pool may be starting; raise the timeout or the pool's replicas",
+                    )
+                try:
+                    await asyncio.wait_for(self._changed.wait(), remaining)
+                except TimeoutError:
+                    pass
+
+    # -- views -----------------------------------------------------------
+
+    def claim_view(self, claim: Claim) -> dict[str, Any]:
+        sandbox = self.store.sandboxes.get(claim.sandbox or "")
+        pool = self.store.pools.get(claim.pool)
+        proc = self.processes.get(claim.sandbox or "")
+        return {
+            "name": claim.name,
+            "namespace": NAMESPACE,
+            "pool": claim.pool,
+            "phase": str(claim.phase),
+            "sandbox": claim.sandbox,
+            "warm": claim.warm,
+            "isolation": self.isolation.kind,
+            "isolation_detail": self.isolation.detail,
+            "workspace": sandbox.workspace if sandbox else None,
+            "labels": claim.labels,
+            "created": claim.created,
+            "ready_at": claim.ready_at,
+            "message": claim.message,
+            "resources": {
+                "pid": proc.pid if proc else None,
+                "network": pool.network if pool else None,
+                "memory_mb": pool.memory_mb if pool else None,
+                "cpu_seconds": pool.cpu_seconds if pool else None,
+                "restarts": sandbox.restarts if sandbox else 0,
+            },
+        }
+
+    def pool_view(self, pool: PoolSpec) -> dict[str, Any]:
+        owned = [s for s in self.store.sandboxes.values() if s.owner == f"pool/{pool.name}"]
+        ready = sum(1 for s in owned if s.ready)
+        claimed = sum(1 for c in self.store.claims.values() if c.pool == pool.name)
+        return {
+            "name": pool.name,
+            "namespace": NAMESPACE,
+            "replicas": pool.replicas,
+            "ready": ready,
+            "starting": len(owned) - ready,
+            "claimed": claimed,
+            "isolation": self.isolation.kind,
+            "display_name": pool.display_name or f"Python 3 (sandbox: {pool.name})",
+        }
+
+    # -- the loop ----------------------------------------------------------
+
+    def _touch(self, kind: str, name: str, *, deleted: bool = False) -> None:
+        self._dirty = True
+        self._wake.set()
+        for listener in list(self.listeners):
+            try:
+                listener(kind, {"name": name, "deleted": deleted})
+            except Exception:
+                log.exception("listener failed")
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await self.reconcile()
+            except Exception:
+                log.exception("reconcile pass failed; retrying")
+            try:
+                await asyncio.wait_for(self._wake.wait(), RESYNC_SECONDS)
+            except TimeoutError:
+                pass
+            self._wake.clear()
+
+    async def reconcile(self) -> None:
+        self._reap_orphaned_claims()
+        for claim in list(self.store.claims.values()):
+            self._reconcile_claim(claim)
+        for pool in list(self.store.pools.values()):
+            self._reconcile_pool(pool)
+        self._reconcile_pool_orphans()
+        for sandbox in list(self.store.sandboxes.values()):
+            await self._reconcile_sandbox(sandbox)
+        for claim in list(self.store.claims.values()):
+            self._reconcile_claim(claim)
+        if self._dirty:
+            self._dirty = False
+            self.store.save()
+        async with self._changed:
+            self._changed.notify_all()
+
+    def _reconcile_claim(self, claim: Claim) -> None:
+        before = (claim.phase, claim.sandbox, claim.message)
+        if claim.sandbox is None:
+            self._bind_claim(claim)
+        sandbox = self.store.sandboxes.get(claim.sandbox or "")
+        if sandbox is None:
+            if claim.sandbox is not None:
+                claim.phase, claim.message = Phase.FAILED, "its sandbox was deleted"
+        else:
+            sandbox.running = not claim.suspended
+            proc = self.processes.get(sandbox.name)
+            if claim.suspended:
+                claim.phase = Phase.SUSPENDED if proc is None else Phase.SUSPENDING
+                claim.message = "workspace kept, compute released" if proc is None else ""
+            elif sandbox.ready:
+                if claim.phase != Phase.READY:
+                    claim.ready_at = time.time()
+                claim.phase, claim.message = Phase.READY, ""
+            elif self._crash_looping(sandbox.name):
+                claim.phase = Phase.FAILED
+                claim.message = "the sandbox keeps exiting; see " + self._log_path(sandbox.name)
+            elif claim.phase in (Phase.SUSPENDED, Phase.SUSPENDING, Phase.RESUMING):
+                claim.phase, claim.message = Phase.RESUMING, "starting the sandbox again"
+            elif claim.phase == Phase.READY:
+                claim.phase, claim.message = Phase.PENDING, "sandbox restarting"
+            else:
+                claim.phase = Phase.PENDING
+        if (claim.phase, claim.sandbox, claim.message) != before:
+            self._touch("claim", claim.name)
+
+    def _bind_claim(self, claim: Claim) -> None:
+        pool = self.store.pools.get(claim.pool)
+        if pool is None:
+            claim.phase, claim.message = Phase.FAILED, f"pool {claim.pool!r} was deleted"
+            return
+        candidates = [] if claim.env else [
+            s for s in self.store.sandboxes.values() if s.owner == f"pool/{pool.name}"
+        ]
+        ready = [s for s in candidates if s.ready]
+        pick = min(ready or candidates, key=lambda s: s.created, default=None)
+        if pick is not None:
+            pick.owner = f"claim/{claim.name}"
+            claim.sandbox = pick.name
+            claim.warm = pick.ready
+            claim.message = "claimed a warm sandbox" if pick.ready else "waiting for the pool"
+        else:
+            sandbox = self._new_sandbox(pool, owner=f"claim/{claim.name}", env=claim.env)
+            claim.sandbox = sandbox.name
+            claim.warm = False
+            claim.message = "cold start: no warm sandbox in the pool"
+        log.info("claim %s bound to %s (warm=%s)", claim.name, claim.sandbox, claim.warm)
+
+    def _reconcile_pool(self, pool: PoolSpec) -> None:
+        owned = sorted(
+            (s for s in self.store.sandboxes.values() if s.owner == f"pool/{pool.name}"),
+            key=lambda s: (s.ready, -s.created),
+        )
+        for _ in range(pool.replicas - len(owned)):
+            self._new_sandbox(pool, owner=f"pool/{pool.name}")
+        for extra in owned[: max(0, len(owned) - pool.replicas)]:
+            self._delete_sandbox(extra.name)
+
+    def _reconcile_pool_orphans(self) -> None:
+        for sandbox in list(self.store.sandboxes.values()):
+            kind, _, owner = sandbox.owner.partition("/")
+            if (kind == "pool" and owner not in self.store.pools) or (
+                kind == "claim" and owner not in self.store.claims
+            ):
+                self._delete_sandbox(sandbox.name)
+
+    async def _reconcile_sandbox(self, sandbox: Sandbox) -> None:
+        proc = self.processes.get(sandbox.name)
+        if sandbox.running and proc is None:
+            if self._crash_looping(sandbox.name):
+                return
+            await self._start(sandbox)
+        elif not sandbox.running and proc is not None:
+            sandbox.ready = False
+            await proc.stop()
+
+    # -- sandbox lifecycle -----------------------------------------------
+
+    def _new_sandbox(self, pool: PoolSpec, *, owner: str, env: dict[str, str] | None = None) -> Sandbox:
+        name = f"{pool.name}-{random_suffix()}"
+        while name in self.store.sandboxes:
+            name = f"{pool.name}-{random_suffix()}"
+        sandbox = Sandbox(
+            name=name, pool=pool.name, owner=owner, env=dict(env or {}),
+            workspace=str(self.base / "workspaces" / name),
+            runtime_dir=str(self.base / "run" / name),
+        )
+        self.store.sandboxes[name] = sandbox
+        self._touch("sandbox", name)
+        return sandbox
+
+    def _log_path(self, name: str) -> str:
+        return str(self.base / "logs" / f"{name}.log")
+
+    async def _start(self, sandbox: Sandbox) -> None:
+        pool = self.store.pools.get(sandbox.pool) or PoolSpec(name=sandbox.pool)
+        spec = LaunchSpec(
+            name=sandbox.name,
+            workspace=Path(sandbox.workspace),
+            runtime_dir=Path(sandbox.runtime_dir),
+            log_file=Path(self._log_path(sandbox.name)),
+            kernel_name=pool.kernel_name,
+            network=pool.network,
+            env={**pool.env, **sandbox.env},
+            limits=Limits(
+                memory_bytes=pool.memory_mb * 1024 * 1024 if pool.memory_mb else None,
+                cpu_seconds=pool.cpu_seconds,
+                max_processes=pool.max_processes,
+            ),
+        )
+        proc = SandboxProcess(spec, self.isolation)
+        self.processes[sandbox.name] = proc
+        sandbox.ready = False
+        try:
+            await proc.start()
+        except OSError as exc:
+            log.error("could not start sandbox %s: %s", sandbox.name, exc)
+            self.processes.pop(sandbox.name, None)
+            self._record_failure(sandbox.name)
+            return
+        sandbox.pid = proc.pid
+        self._dirty = True
+        asyncio.create_task(self._supervise(sandbox.name, proc))
+
+    async def _supervise(self, name: str, proc: SandboxProcess) -> None:
+        waiter = asyncio.create_task(proc.wait())
+        ready = asyncio.create_task(proc.ready.wait())
+        done, _ = await asyncio.wait({waiter, ready}, timeout=READY_TIMEOUT,
+                                     return_when=asyncio.FIRST_COMPLETED)
+        sandbox = self.store.sandboxes.get(name)
+        if ready in done and sandbox is not None:
+            sandbox.ready = True
+            log.info("sandbox %s ready (pid %s)", name, proc.pid)
+            self._touch("sandbox", name)
+        elif not done:
+            log.error("sandbox %s not ready after %ss; stopping it", name, READY_TIMEOUT)
+            await proc.stop()
+        ready.cancel()
+        code = await waiter
+        if self.processes.get(name) is proc:
+            del self.processes[name]
+        sandbox = self.store.sandboxes.get(name)
+        if sandbox is not None:
+            was_ready = sandbox.ready
+            sandbox.ready = False
+            sandbox.pid = None
+            if sandbox.running:
+                sandbox.restarts += 1
+                if not was_ready:
+                    self._record_failure(name)
+                log.warning("sandbox %s exited with %s while it should run", name, code)
+            self._touch("sandbox", name)
+
+    def _record_failure(self, name: str) -> None:
+        now = time.monotonic()
+        recent = [t for t in self._failures.get(name, []) if now - t < 60] + [now]
+        self._failures[name] = recent
+
+    def _crash_looping(self, name: str) -> bool:
+        recent = self._failures.get(name, [])
+        if not recent:
+            return False
+        now = time.monotonic()
+        if len(recent) >= MAX_QUICK_RESTARTS:
+            return True
+        # Back off: 0.5 s, 1 s, 2 s, ... after each failed start.
+        return now - recent[-1] < 0.5 * 2 ** (len(recent) - 1)
+
+    def _delete_sandbox(self, name: str) -> None:
+        sandbox = self.store.sandboxes.pop(name, None)
+        if sandbox is None:
+            return
+        self._failures.pop(name, None)
+        pool = self.store.pools.get(sandbox.pool)
+        keep = bool(pool and pool.keep_workspace and sandbox.owner.startswith("claim/"))
+        task = asyncio.create_task(self._remove(sandbox, self.processes.pop(name, None), keep))
+        self._deleting.add(task)
+        task.add_done_callback(self._deleting.discard)
+        self._touch("sandbox", name, deleted=True)
+
+    async def _remove(self, sandbox: Sandbox, proc: SandboxProcess | None, keep: bool) -> None:
+        if proc is not None:
+            await proc.stop()
+        shutil.rmtree(sandbox.runtime_dir, ignore_errors=True)
+        if not keep:
+            shutil.rmtree(sandbox.workspace, ignore_errors=True)
+        log.info("sandbox %s deleted (workspace %s)", sandbox.name, "kept" if keep else "removed")
+
+    async def shutdown(self) -> None:
+        """Stop every process (the store keeps what should run for the next start)."""
+        await asyncio.gather(*(p.stop() for p in self.processes.values()), return_exceptions=True)
+        if self._deleting:
+            await asyncio.gather(*self._deleting, return_exceptions=True)
+        self.store.save()
+
+    # -- orphans -----------------------------------------------------------
+
+    def _reap_orphaned_claims(self) -> None:
+        now = time.monotonic()
+        for claim in list(self.store.claims.values()):
+            if claim.owner_pid is None or _owner_alive(claim.owner_pid, claim.owner_start):
+                self._orphan_since.pop(claim.name, None)
+                continue
+            since = self._orphan_since.setdefault(claim.name, now)
+            if now - since >= self.orphan_grace:
+                log.info("releasing claim %s: its owner process %s is gone", claim.name,
+                         claim.owner_pid)
+                self._orphan_since.pop(claim.name, None)
+                self.delete_claim(claim.name)
+
+    def adopt_owner(self, name: str, owner_pid: int) -> Claim:
+        """Hand a claim to a new owner process (a restarted Jupyter server re-attaching)."""
+        claim = self.get_claim(name)
+        start = _start_time(owner_pid)
+        if start is None:
+            raise InvalidRequest(f"owner process {owner_pid} is not running")
+        claim.owner_pid, claim.owner_start = owner_pid, start
+        self._orphan_since.pop(name, None)
+        self._touch("claim", name)
+        return claim
+
+
+def check_labels_env(env: Any) -> dict[str, str]:
+    if env is None:
+        return {}
+    if not isinstance(env, dict) or not all(
+        isinstance(k, str) and k and "=" not in k and isinstance(v, str) for k, v in env.items()
+    ):
+        raise InvalidRequest("env must be an object of string names to string values")
+    return dict(env)
+
+
+def _start_time(pid: int) -> float | None:
+    try:
+        return psutil.Process(pid).create_time()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, ValueError):
+        return None
+
+
+def _owner_alive(pid: int, start: float | None) -> bool:
+    current = _start_time(pid)
+    if current is None:
+        return False
+    try:
+        if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+            return False
+    except psutil.Error:
+        return False
+    return start is None or abs(current - start) < 1.0
+
+
+def _reap_stale_process(pid: int | None) -> None:
+    """Kill a sandbox process left by a daemon that died without stopping it."""
+    if pid is None:
+        return
+    try:
+        proc = psutil.Process(pid)
+        cmdline = " ".join(proc.cmdline())
+    except psutil.Error:
+        return
+    if "jupyter_sandbox.runtime" not in cmdline:
+        return
+    log.info("killing stale sandbox process %s", pid)
+    for child in proc.children(recursive=True):
+        child.kill()
+    proc.kill()

@@ -1,0 +1,161 @@
+"""``python -m jupyter_sandbox.control_plane.local.daemon``: the per-user sandbox daemon.
+
+One per user and state directory (a file lock makes sure). It keeps the warm pools
+filled, runs the router on a loopback port, and serves its API on a Unix socket
+in the state directory that only its user can open.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import fcntl
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from tornado.httpserver import HTTPServer
+from tornado.netutil import bind_sockets, bind_unix_socket
+
+from ..._version import __version__
+from ...router.app import make_router_app
+from ...router.settings import RouterContext
+from ...router.tokens import TokenAuthority, new_secret
+from ...router.upstreams import Upstream
+from .api import DaemonContext, make_api_app
+from .controller import LocalController
+from .isolation import probe
+from .model import NAMESPACE, PoolSpec
+from .paths import socket_path, state_dir
+
+log = logging.getLogger("jupyter_sandbox.daemon")
+
+DEFAULT_POOL = "default"
+
+
+def load_secret(base: Path) -> str:
+    path = base / "router-secret"
+    if path.exists():
+        return path.read_text().strip()
+    secret = new_secret()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(secret)
+    return secret
+
+
+async def serve(args: argparse.Namespace) -> int:
+    base = Path(args.state_dir) if args.state_dir else state_dir()
+    base.mkdir(parents=True, exist_ok=True, mode=0o700)
+    lock = open(base / "daemon.lock", "w")  # noqa: SIM115 - held for the daemon's life
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        log.info("another daemon already serves %s", base)
+        return 0
+
+    isolation = probe(disabled=args.no_isolation)
+    if not isolation.isolated:
+        log.warning("sandboxes are NOT isolated: %s", isolation.detail)
+    controller = LocalController(base, isolation, orphan_grace=args.orphan_grace)
+    controller.load([PoolSpec(name=DEFAULT_POOL, replicas=args.default_replicas)])
+    authority = TokenAuthority(load_secret(base))
+
+    async def lookup(namespace: str, name: str, port: int) -> Upstream | None:
+        if namespace != NAMESPACE:
+            return None
+        sandbox = controller.store.sandboxes.get(name)
+        proc = controller.processes.get(name)
+        if sandbox is None or proc is None:
+            return None
+        return Upstream(unix_socket=str(proc.socket))
+
+    router_ctx = RouterContext(lookup=lookup, authority=authority, default_namespace=NAMESPACE)
+    router = HTTPServer(make_router_app(router_ctx), max_body_size=1 << 34,
+                        idle_connection_timeout=3600)
+    sockets = bind_sockets(args.router_port, address="127.0.0.1")
+    router.add_sockets(sockets)
+    router_port = sockets[0].getsockname()[1]
+    router_url = f"http://127.0.0.1:{router_port}"
+
+    info = {
+        "version": __version__,
+        "pid": os.getpid(),
+        "router_url": router_url,
+        "namespace": NAMESPACE,
+        "isolation": isolation.kind,
+        "isolation_detail": isolation.detail,
+        "state_dir": str(base),
+        "started": time.time(),
+    }
+    ctx = DaemonContext(controller, authority, router_url, info)
+    sock_path = socket_path(base)
+    if sock_path.exists():
+        sock_path.unlink()
+    api = HTTPServer(make_api_app(ctx))
+    api.add_socket(bind_unix_socket(str(sock_path), mode=0o600))
+    (base / "daemon.json").write_text(json.dumps(info))
+    log.info("daemon %s ready: api %s, router %s, isolation %s", os.getpid(), sock_path,
+             router_url, isolation.kind)
+
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        loop.add_signal_handler(sig, ctx.stop.set)
+    runner = asyncio.create_task(controller.run())
+    idle_task = asyncio.create_task(_idle_watch(controller, ctx.stop, args.idle_timeout))
+    await ctx.stop.wait()
+    log.info("daemon stopping")
+    runner.cancel()
+    idle_task.cancel()
+    api.stop()
+    router.stop()
+    await controller.shutdown()
+    for path in (sock_path, base / "daemon.json"):
+        path.unlink(missing_ok=True)
+    lock.close()
+    return 0
+
+
+async def _idle_watch(controller: LocalController, stop: asyncio.Event, timeout: float) -> None:
+    """Exit after ``timeout`` seconds without any claim, so warm pools don't linger forever."""
+    if timeout <= 0:
+        return
+    idle_since = time.monotonic()
+    while True:
+        await asyncio.sleep(min(timeout, 10))
+        if controller.store.claims:
+            idle_since = time.monotonic()
+        elif time.monotonic() - idle_since >= timeout:
+            log.info("no claims for %ss: exiting", timeout)
+            stop.set()
+            return
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="jupyter-sandbox daemon")
+    parser.add_argument("--state-dir", default=None)
+    parser.add_argument("--router-port", type=int, default=0)
+    parser.add_argument("--default-replicas", type=int,
+                        default=int(os.environ.get("JUPYTER_SANDBOX_DEFAULT_REPLICAS", "2")))
+    parser.add_argument("--orphan-grace", type=float,
+                        default=float(os.environ.get("JUPYTER_SANDBOX_ORPHAN_GRACE", "30")))
+    parser.add_argument("--idle-timeout", type=float,
+                        default=float(os.environ.get("JUPYTER_SANDBOX_IDLE_TIMEOUT", "3600")))
+    parser.add_argument("--no-isolation", action="store_true",
+                        default=os.environ.get("JUPYTER_SANDBOX_NO_ISOLATION") == "1")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    return asyncio.run(serve(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,167 @@
+"""The local daemon's objects, shaped like agent-sandbox's resources, and their store."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import string
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..base import InvalidRequest, Phase
+
+NAME = re.compile(r"^[a-z0-9](?:[-a-z0-9]{0,40}[a-z0-9])?$")
+LABEL_KEY = re.compile(r"^([a-z0-9.-]{1,253}/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+MAX_LABEL_VALUE = 253
+NAMESPACE = "local"
+
+
+def check_name(kind: str, name: Any) -> str:
+    if not isinstance(name, str) or not NAME.match(name):
+        raise InvalidRequest(
+            f"{kind} name {name!r} is not valid",
+            hint="use 1-42 lower-case letters, digits and '-', starting and ending alphanumeric",
+        )
+    return name
+
+
+def check_labels(labels: Any) -> dict[str, str]:
+    if labels is None:
+        return {}
+    if not isinstance(labels, dict):
+        raise InvalidRequest("labels must be an object of strings")
+    for key, value in labels.items():
+        if not isinstance(key, str) or not LABEL_KEY.match(key):
+            raise InvalidRequest(f"label key {key!r} is not valid")
+        if not isinstance(value, str) or len(value) > MAX_LABEL_VALUE:
+            raise InvalidRequest(f"label {key!r} must be a string of at most 253 characters")
+    return dict(labels)
+
+
+def random_suffix(length: int = 5) -> str:
+    alphabet = string.ascii_lowercase + string.digits
+    return "".join(secrets.choice(alphabet) for _ in range(length))
+
+
+@dataclass
+class PoolSpec:
+    """A SandboxTemplate and a SandboxWarmPool in one: what to start and how many to keep warm."""
+
+    name: str
+    replicas: int = 2
+    kernel_name: str = "python3"
+    display_name: str = ""
+    network: bool = True
+    memory_mb: int | None = None
+    cpu_seconds: int | None = None
+    max_processes: int | None = None
+    keep_workspace: bool = False
+    env: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, name: str, body: dict[str, Any]) -> PoolSpec:
+        check_name("pool", name)
+        known = set(cls.__dataclass_fields__) - {"name"}
+        unknown = set(body) - known
+        if unknown:
+            raise InvalidRequest(f"unknown pool fields: {', '.join(sorted(unknown))}")
+        spec = cls(name=name, **body)
+        if not isinstance(spec.replicas, int) or isinstance(spec.replicas, bool) \
+                or not 0 <= spec.replicas <= 64:
+            raise InvalidRequest("replicas must be an integer from 0 to 64")
+        for attr in ("memory_mb", "cpu_seconds", "max_processes"):
+            value = getattr(spec, attr)
+            if value is not None and (not isinstance(value, int) or value <= 0):
+                raise InvalidRequest(f"{attr} must be a positive integer")
+        if not isinstance(spec.kernel_name, str) or not spec.kernel_name:
+            raise InvalidRequest("kernel_name must be a non-empty string")
+        if not isinstance(spec.env, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in spec.env.items()
+        ):
+            raise InvalidRequest("env must be an object of strings")
+        for attr in ("network", "keep_workspace"):
+            if not isinstance(getattr(spec, attr), bool):
+                raise InvalidRequest(f"{attr} must be true or false")
+        return spec
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Sandbox:
+    """One sandbox: a workspace directory and, while Running, a runtime process."""
+
+    name: str
+    pool: str
+    workspace: str
+    runtime_dir: str
+    owner: str  # "pool/<name>" or "claim/<name>"
+    running: bool = True  # spec.operatingMode: Running (True) or Suspended (False)
+    env: dict[str, str] = field(default_factory=dict)
+    created: float = field(default_factory=time.time)
+    pid: int | None = None  # last known process, to reap it after a daemon crash
+    # Observed, not persisted as truth:
+    ready: bool = False
+    restarts: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Claim:
+    name: str
+    pool: str
+    labels: dict[str, str] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+    owner_pid: int | None = None
+    owner_start: float | None = None
+    sandbox: str | None = None
+    warm: bool | None = None
+    suspended: bool = False  # desired
+    created: float = field(default_factory=time.time)
+    ready_at: float | None = None
+    phase: Phase = Phase.PENDING
+    message: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["phase"] = str(self.phase)
+        return data
+
+
+class Store:
+    """All objects in memory, written through to one JSON file so a daemon restart resumes."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.pools: dict[str, PoolSpec] = {}
+        self.sandboxes: dict[str, Sandbox] = {}
+        self.claims: dict[str, Claim] = {}
+
+    def load(self) -> None:
+        if not self.path.exists():
+            return
+        data = json.loads(self.path.read_text())
+        self.pools = {k: PoolSpec(**v) for k, v in data.get("pools", {}).items()}
+        self.sandboxes = {k: Sandbox(**v) for k, v in data.get("sandboxes", {}).items()}
+        claims = {}
+        for key, value in data.get("claims", {}).items():
+            value["phase"] = Phase(value.get("phase", "Pending"))
+            claims[key] = Claim(**value)
+        self.claims = claims
+
+    def save(self) -> None:
+        data = {
+            "pools": {k: v.to_json() for k, v in self.pools.items()},
+            "sandboxes": {k: v.to_json() for k, v in self.sandboxes.items()},
+            "claims": {k: v.to_json() for k, v in self.claims.items()},
+        }
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data, indent=1))
+        os.replace(tmp, self.path)

@@ -1,0 +1,176 @@
+"""Starting and stopping one sandbox's runtime process."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import resource
+import signal
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .isolation import RUNTIME_DIR, WORKSPACE, Isolation, bwrap_command
+
+log = logging.getLogger(__name__)
+
+SOCKET_NAME = "runtime.sock"
+BASE_ENV = {
+    "LANG": "C.UTF-8",
+    "LC_ALL": "C.UTF-8",
+    "USER": "sandbox",
+    "LOGNAME": "sandbox",
+    "SHELL": "/bin/sh",
+    "TERM": "xterm-256color",
+    "PYTHONUNBUFFERED": "1",
+    "MPLBACKEND": "module://matplotlib_inline.backend_inline",
+}
+
+
+@dataclass
+class Limits:
+    memory_bytes: int | None = None
+    cpu_seconds: int | None = None
+    max_processes: int | None = None
+    max_open_files: int | None = 4096
+
+    def apply(self) -> None:
+        """Run in the child before exec: rlimits are inherited by everything inside."""
+        if self.memory_bytes:
+            resource.setrlimit(resource.RLIMIT_AS, (self.memory_bytes, self.memory_bytes))
+        if self.cpu_seconds:
+            resource.setrlimit(resource.RLIMIT_CPU, (self.cpu_seconds, self.cpu_seconds))
+        if self.max_processes:
+            resource.setrlimit(resource.RLIMIT_NPROC, (self.max_processes, self.max_processes))
+        if self.max_open_files:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (self.max_open_files, self.max_open_files))
+
+
+@dataclass
+class LaunchSpec:
+    name: str
+    workspace: Path
+    runtime_dir: Path
+    log_file: Path
+    kernel_name: str = "python3"
+    network: bool = True
+    env: dict[str, str] = field(default_factory=dict)
+    limits: Limits = field(default_factory=Limits)
+
+
+def sandbox_env(spec: LaunchSpec, isolation: Isolation) -> dict[str, str]:
+    """A fresh environment: nothing of the daemon's (or Jupyter server's) own."""
+    python_bin = os.path.dirname(sys.executable)
+    env = dict(BASE_ENV)
+    env["PATH"] = f"{python_bin}:/usr/local/bin:/usr/bin:/bin"
+    home = WORKSPACE if isolation.isolated else str(spec.workspace)
+    env["HOME"] = home
+    env["SANDBOX_BASE_DIR"] = home
+    env["JUPYTER_SANDBOX_NAME"] = spec.name
+    env["TMPDIR"] = "/tmp" if isolation.isolated else str(spec.runtime_dir / "tmp")
+    env.update(spec.env)
+    return env
+
+
+class SandboxProcess:
+    """A runtime server (and its pre-started kernel) in one sandbox."""
+
+    def __init__(self, spec: LaunchSpec, isolation: Isolation) -> None:
+        self.spec = spec
+        self.isolation = isolation
+        self.proc: asyncio.subprocess.Process | None = None
+        self.ready = asyncio.Event()
+        self.kernel_info: dict[str, Any] = {}
+        self.exit_code: int | None = None
+
+    @property
+    def socket(self) -> Path:
+        return self.spec.runtime_dir / SOCKET_NAME
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    async def start(self) -> None:
+        spec = self.spec
+        spec.workspace.mkdir(parents=True, exist_ok=True)
+        spec.runtime_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if self.socket.exists():
+            self.socket.unlink()
+        env = sandbox_env(spec, self.isolation)
+        read_fd, write_fd = os.pipe()
+        if self.isolation.isolated:
+            inner = [sys.executable, "-m", "jupyter_sandbox.runtime",
+                     "--unix-socket", f"{RUNTIME_DIR}/{SOCKET_NAME}",
+                     "--workspace", WORKSPACE, "--runtime-dir", f"{RUNTIME_DIR}/kernel",
+                     "--kernel-name", spec.kernel_name, "--ready-fd", str(write_fd)]
+            argv = bwrap_command(workspace=str(spec.workspace), runtime_dir=str(spec.runtime_dir),
+                                 inner=inner, env=env, network=spec.network)
+            child_env: dict[str, str] | None = {"PATH": env["PATH"]}
+        else:
+            (spec.runtime_dir / "tmp").mkdir(exist_ok=True)
+            argv = [sys.executable, "-m", "jupyter_sandbox.runtime",
+                    "--unix-socket", str(self.socket), "--workspace", str(spec.workspace),
+                    "--runtime-dir", str(spec.runtime_dir / "kernel"),
+                    "--kernel-name", spec.kernel_name, "--ready-fd", str(write_fd)]
+            child_env = env
+        log_handle = open(spec.log_file, "ab")  # noqa: SIM115 - handed to the child
+        try:
+            self.proc = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=log_handle,
+                stderr=log_handle,
+                env=child_env,
+                cwd=str(spec.workspace),
+                pass_fds=(write_fd,),
+                preexec_fn=spec.limits.apply,
+                start_new_session=True,
+            )
+        finally:
+            os.close(write_fd)
+            log_handle.close()
+        asyncio.create_task(self._read_ready(read_fd))
+
+    async def _read_ready(self, fd: int) -> None:
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader()
+        transport, _ = await loop.connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb")
+        )
+        try:
+            line = await reader.readline()
+        finally:
+            transport.close()
+        if line:
+            try:
+                self.kernel_info = json.loads(line).get("kernel", {})
+            except ValueError:
+                pass
+            self.ready.set()
+
+    async def wait(self) -> int:
+        assert self.proc is not None
+        code = await self.proc.wait()
+        self.exit_code = code
+        return code
+
+    async def stop(self, grace: float = 3.0) -> None:
+        proc = self.proc
+        if proc is None or proc.returncode is not None:
+            return
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return
+        try:
+            await asyncio.wait_for(proc.wait(), grace)
+        except TimeoutError:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            await proc.wait()

@@ -1,0 +1,1 @@
+"""The kernel provisioner, its ZMQ<->WebSocket bridge and the culling-aware kernel manager."""

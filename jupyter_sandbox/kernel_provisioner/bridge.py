@@ -1,0 +1,304 @@
+"""Local ZMQ endpoints for jupyter_client, relayed over one WebSocket to a sandbox.
+
+jupyter_client, the restarter, jupyter_server and nbclient connect to ordinary
+ZMQ sockets on 127.0.0.1. Each message is checked against the bridge's key, then
+sent without re-encoding (v1 binary framing) through the router to the runtime,
+which signs it with the kernel's own key. Messages back are signed with the
+bridge's key. The WebSocket reconnects by itself and resumes after the last
+message it received, so a router restart loses nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from collections import OrderedDict, deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import zmq
+import zmq.asyncio
+from tornado import httpclient, websocket
+
+from ..control_plane.base import Endpoint
+from ..protocol import framing
+from ..protocol.messages import DELIM, header, parent_msg_id, sign, split_zmq, verify
+
+log = logging.getLogger(__name__)
+
+REQUEST_CHANNELS = ("shell", "control", "stdin")
+MAX_PENDING = 10_000
+MAX_ROUTES = 10_000
+MAX_WS_MESSAGE = 512 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class KernelIdentity:
+    """Which kernel process the runtime is running: a new one means the old one died."""
+
+    runtime_id: str
+    generation: int
+
+
+class Bridge:
+    def __init__(
+        self,
+        *,
+        key: bytes,
+        signature_scheme: str = "hmac-sha256",
+        ip: str = "127.0.0.1",
+        on_kernel_state: Callable[[KernelIdentity, dict[str, Any]], None],
+        on_client_request: Callable[[str, dict[str, Any]], Awaitable[bool]],
+        on_disconnected: Callable[[int], Awaitable[None]],
+    ) -> None:
+        if signature_scheme != "hmac-sha256":
+            raise ValueError(f"unsupported signature scheme {signature_scheme}")
+        self.key = key
+        self.ip = ip
+        self.ports: dict[str, int] = {}
+        self._ctx = zmq.asyncio.Context()
+        self._sockets: dict[str, zmq.asyncio.Socket] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._routes: OrderedDict[str, bytes] = OrderedDict()  # request msg_id -> client identity
+        self._pending: deque[bytes] = deque()
+        self._endpoint: Endpoint | None = None
+        self._ws: websocket.WebSocketClientConnection | None = None
+        self._connector: asyncio.Task[None] | None = None
+        self._connected = asyncio.Event()
+        self._last_msg_id: str | None = None
+        self._closing = False
+        self._held = False  # while suspended: queue requests, never connect
+        self._on_kernel_state = on_kernel_state
+        self._on_client_request = on_client_request
+        self._on_disconnected = on_disconnected
+        self.session_id = uuid.uuid4().hex
+        self.kernel_alive = True
+        self.messages_in = 0
+        self.messages_out = 0
+
+    # -- ZMQ side -----------------------------------------------------------
+
+    def bind(self) -> dict[str, int]:
+        """Bind the five kernel sockets on random loopback ports (once)."""
+        if self.ports:
+            return self.ports
+        kinds = {"shell": zmq.ROUTER, "control": zmq.ROUTER, "stdin": zmq.ROUTER,
+                 "iopub": zmq.PUB, "hb": zmq.ROUTER}
+        for channel, kind in kinds.items():
+            sock = self._ctx.socket(kind)
+            sock.setsockopt(zmq.LINGER, 0)
+            if kind == zmq.ROUTER:
+                sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
+            self.ports[channel] = sock.bind_to_random_port(f"tcp://{self.ip}")
+            self._sockets[channel] = sock
+        for channel in REQUEST_CHANNELS:
+            self._tasks.append(asyncio.create_task(self._read_client(channel)))
+        self._tasks.append(asyncio.create_task(self._heartbeat()))
+        return self.ports
+
+    async def _heartbeat(self) -> None:
+        sock = self._sockets["hb"]
+        while True:
+            try:
+                frames = await sock.recv_multipart()
+            except (asyncio.CancelledError, zmq.ZMQError):
+                return
+            if self.kernel_alive:
+                await sock.send_multipart(frames)
+
+    async def _read_client(self, channel: str) -> None:
+        sock = self._sockets[channel]
+        while True:
+            try:
+                frames = await sock.recv_multipart(copy=True)
+            except (asyncio.CancelledError, zmq.ZMQError):
+                return
+            try:
+                idents, signature, parts = split_zmq(frames)
+            except ValueError:
+                log.warning("dropping malformed client message on %s", channel)
+                continue
+            if not verify(self.key, signature, parts):
+                log.warning("dropping client message with a bad signature on %s", channel)
+                continue
+            try:
+                head = header(parts)
+            except ValueError:
+                continue
+            if idents:
+                self._routes[str(head.get("msg_id"))] = idents[0]
+                while len(self._routes) > MAX_ROUTES:
+                    self._routes.popitem(last=False)
+            if not await self._on_client_request(channel, head):
+                continue  # answered or swallowed by the provisioner
+            self._to_sandbox(framing.encode(channel, parts))
+
+    def _to_sandbox(self, frame: bytes) -> None:
+        self.messages_out += 1
+        ws = self._ws
+        if ws is not None and not self._held and self._connected.is_set():
+            try:
+                ws.write_message(frame, binary=True)
+                return
+            except websocket.WebSocketClosedError:
+                pass
+        if len(self._pending) >= MAX_PENDING:
+            log.error("bridge queue full: dropping the oldest request")
+            self._pending.popleft()
+        self._pending.append(frame)
+
+    def publish_status(self, state: str) -> None:
+        """Tell every iopub subscriber the kernel's execution state (synthesized)."""
+        now = time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime())
+        head = {"msg_id": uuid.uuid4().hex, "msg_type": "status", "username": "sandbox",
+                "session": self.session_id, "date": now, "version": "5.3"}
+        parts = [json.dumps(head).encode(), b"{}", b"{}",
+                 json.dumps({"execution_state": state}).encode()]
+        self._send_iopub(parts)
+
+    def _send_iopub(self, parts: list[bytes]) -> None:
+        sock = self._sockets.get("iopub")
+        if sock is not None:
+            sock.send_multipart([b"kernel.status", DELIM, sign(self.key, parts), *parts],
+                                copy=False)
+
+    # -- WebSocket side ---------------------------------------------------
+
+    def connect(self, endpoint: Endpoint) -> None:
+        """(Re)connect to a sandbox; requests sent meanwhile wait in a queue."""
+        self._endpoint = endpoint
+        self._held = False
+        if self._connector is None or self._connector.done():
+            self._connector = asyncio.create_task(self._connect_loop())
+
+    def hold(self) -> None:
+        """Stop relaying (sandbox suspended): requests queue until ``connect``."""
+        self._held = True
+        self._connected.clear()
+        if self._connector is not None:
+            self._connector.cancel()
+            self._connector = None
+        if self._ws is not None:
+            self._ws.close(1000, "suspended")
+            self._ws = None
+        # After a resume the runtime is new: nothing of the old one to replay.
+        self._last_msg_id = None
+
+    async def wait_connected(self, timeout: float) -> None:
+        await asyncio.wait_for(self._connected.wait(), timeout)
+
+    @property
+    def connected(self) -> bool:
+        return self._connected.is_set()
+
+    async def _connect_loop(self) -> None:
+        delay = 0.05
+        failures = 0
+        while not self._closing and not self._held:
+            endpoint = self._endpoint
+            assert endpoint is not None
+            url = endpoint.url("api/kernel/channels", websocket=True)
+            if self._last_msg_id:
+                url += f"?last={self._last_msg_id}"
+            request = httpclient.HTTPRequest(url, headers=endpoint.headers(), connect_timeout=10)
+            try:
+                ws = await websocket.websocket_connect(
+                    request,
+                    subprotocols=[framing.SUBPROTOCOL],
+                    max_message_size=MAX_WS_MESSAGE,
+                    on_message_callback=self._from_sandbox,
+                    ping_interval=20,
+                    ping_timeout=20,
+                )
+            except asyncio.CancelledError:
+                return
+            except Exception as exc:  # refused, 404/502 from the router, DNS, timeouts
+                failures += 1
+                log.info("bridge connect to %s failed (%s); retry in %.2fs", endpoint.name,
+                         exc, delay)
+                if failures % 5 == 0:
+                    await self._on_disconnected(failures)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+                continue
+            if self._held or self._closing:
+                ws.close()
+                return
+            self._ws = ws
+            failures = 0
+            delay = 0.05
+            self._connected.set()
+            while self._pending:
+                ws.write_message(self._pending.popleft(), binary=True)
+            return
+
+    def _from_sandbox(self, message: str | bytes | None) -> None:
+        if message is None:
+            # Closed: reconnect unless we meant it.
+            self._connected.clear()
+            self._ws = None
+            if not self._closing and not self._held:
+                self._connector = asyncio.create_task(self._connect_loop())
+            return
+        if isinstance(message, str):
+            return
+        try:
+            channel, parts = framing.decode(message)
+        except framing.FramingError as exc:
+            log.warning("bad frame from sandbox: %s", exc)
+            return
+        if channel == framing.EVENT_CHANNEL:
+            self._on_event(parts)
+            return
+        if len(parts) < 4:
+            return
+        self.messages_in += 1
+        try:
+            head = header(parts)
+        except ValueError:
+            return
+        self._last_msg_id = str(head.get("msg_id") or "") or self._last_msg_id
+        signature = sign(self.key, parts)
+        if channel == "iopub":
+            sock = self._sockets["iopub"]
+            sock.send_multipart([b"kernel.iopub", DELIM, signature, *parts], copy=False)
+            return
+        parent = parent_msg_id(parts)
+        ident = self._routes.get(parent) if parent else None
+        if ident is None:
+            log.debug("no client for a %s reply on %s", head.get("msg_type"), channel)
+            return
+        if channel != "stdin" and str(head.get("msg_type", "")).endswith("_reply"):
+            self._routes.pop(parent or "", None)
+        sock = self._sockets.get(channel)
+        if sock is not None:
+            sock.send_multipart([ident, DELIM, signature, *parts], copy=False)
+
+    def _on_event(self, parts: list[bytes]) -> None:
+        try:
+            event = json.loads(parts[0])
+        except (ValueError, IndexError):
+            return
+        if event.get("event") != "kernel_state":
+            return
+        kernel = event.get("kernel") or {}
+        identity = KernelIdentity(str(event.get("runtime_id")), int(kernel.get("generation", 0)))
+        self._on_kernel_state(identity, kernel)
+
+    async def close(self) -> None:
+        self._closing = True
+        if self._connector is not None:
+            self._connector.cancel()
+        if self._ws is not None:
+            self._ws.close()
+            self._ws = None
+        for task in self._tasks:
+            task.cancel()
+        for sock in self._sockets.values():
+            sock.close(linger=0)
+        self._sockets.clear()
+        self._ctx.term()

@@ -1,0 +1,177 @@
+"""``SandboxProvisioner``: a jupyter_client kernel provisioner that claims sandboxes.
+
+Select it in a kernelspec::
+
+    "metadata": {"kernel_provisioner": {
+        "provisioner_name": "sandbox-provisioner",
+        "config": {"pool": "default", "backend": "local"}}}
+
+It claims a sandbox from the pool in ``pre_launch``, returns connection info of a
+local bridge, keeps the claim across restarts and releases it in
+``cleanup(restart=False)``.
+"""
+
+from __future__ import annotations
+
+import getpass
+import logging
+import os
+from typing import Any
+
+from jupyter_client.connect import KernelConnectionInfo
+from jupyter_client.provisioning.provisioner_base import KernelProvisionerBase
+from traitlets import Bool, Dict, Float, List, Unicode
+
+from ..control_plane.factory import get_control_plane
+from ..utils.background import background
+from .env import filter_env
+from .session import SandboxSession
+
+log = logging.getLogger(__name__)
+
+LABEL_KERNEL_ID = "jupyter-sandbox/kernel-id"
+LABEL_USER = "jupyter-sandbox/user"
+LABEL_SESSION = "jupyter-sandbox/session"
+
+
+def current_user() -> str:
+    return os.environ.get("JUPYTERHUB_USER") or getpass.getuser()
+
+
+class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
+    pool = Unicode("default", config=True, help="Warm pool to claim sandboxes from.")
+    backend = Unicode("local", config=True, help="Control plane: 'local' or 'kubernetes'.")
+    backend_options = Dict(config=True, help="Options for the backend (namespace, router_url, ...).")
+    claim_timeout = Float(120.0, config=True, help="Seconds to wait for a claimed sandbox.")
+    env_allowlist = List(Unicode(), config=True,
+                         help="Server environment variables passed into the sandbox. "
+                              "Any makes the claim cold-start.")
+    release_on_shutdown = Bool(True, config=True)
+
+    _session: SandboxSession | None = None
+
+    @property
+    def has_process(self) -> bool:
+        return self._session is not None and not self._session.released
+
+    @property
+    def session(self) -> SandboxSession | None:
+        return self._session
+
+    async def pre_launch(self, **kwargs: Any) -> dict[str, Any]:
+        km = self.parent
+        env = filter_env(
+            kwargs.get("env") or os.environ,
+            kernelspec_env=(self.kernel_spec.env or {}).keys() if self.kernel_spec else (),
+            allow=self.env_allowlist,
+        )
+        # The notebook's local directory means nothing inside the sandbox.
+        kwargs.pop("cwd", None)
+        if self._session is None:
+            plane = await background().run(_plane(self.backend, self.backend_options))
+            user = current_user()
+            labels = {LABEL_KERNEL_ID: self.kernel_id or "", LABEL_USER: _label_value(user)}
+            self._session = SandboxSession(
+                plane,
+                pool=self.pool,
+                key=km.session.key,
+                labels=labels,
+                env=env,
+                owner_pid=os.getpid(),
+                claim_timeout=self.claim_timeout,
+            )
+            try:
+                ports = await background().run(self._session.start())
+            except BaseException:
+                self._session = None  # start() released whatever it had claimed
+                raise
+            km.transport = "tcp"
+            km.ip = self._session.bridge.ip
+            km.shell_port = ports["shell"]
+            km.iopub_port = ports["iopub"]
+            km.stdin_port = ports["stdin"]
+            km.hb_port = ports["hb"]
+            km.control_port = ports["control"]
+        kwargs["env"] = {}
+        cmd = list(self.kernel_spec.argv) if self.kernel_spec else []
+        return await super().pre_launch(cmd=cmd, **kwargs)
+
+    async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> KernelConnectionInfo:
+        assert self._session is not None
+        await background().run(self._session.launch())
+        km = self.parent
+        self.connection_info = km.get_connection_info()
+        return self.connection_info  # type: ignore[no-any-return]
+
+    async def poll(self) -> int | None:
+        if self._session is None:
+            return 0
+        return self._session.poll()
+
+    async def wait(self) -> int | None:
+        import asyncio
+
+        while True:
+            code = await self.poll()
+            if code is not None:
+                return code
+            await asyncio.sleep(0.1)
+
+    async def send_signal(self, signum: int) -> None:
+        if self._session is not None:
+            await background().run(self._session.signal(signum))
+
+    async def kill(self, restart: bool = False) -> None:
+        if self._session is not None:
+            await background().run(self._session.kill())
+
+    async def terminate(self, restart: bool = False) -> None:
+        # SIGTERM lets the kernel exit cleanly; poll() tells when it is gone.
+        import signal
+
+        if self._session is not None and not self._session.suspended:
+            await self.send_signal(signal.SIGTERM)
+
+    async def shutdown_requested(self, restart: bool = False) -> None:
+        self._restart_requested = restart
+
+    async def cleanup(self, restart: bool = False) -> None:
+        if restart or self._session is None:
+            return
+        session, self._session = self._session, None
+        if self.release_on_shutdown:
+            await background().run(session.release())
+        else:
+            await background().run(session.bridge.close())
+
+    async def suspend(self) -> None:
+        if self._session is not None:
+            await background().run(self._session.suspend())
+
+    async def resume(self) -> None:
+        if self._session is not None:
+            await background().run(self._session.resume())
+
+    def describe(self) -> dict[str, Any]:
+        return self._session.describe() if self._session else {"claim": None}
+
+    def get_shutdown_wait_time(self, recommended: float = 5.0) -> float:
+        return recommended
+
+    def get_stable_start_time(self, recommended: float = 10.0) -> float:
+        return max(recommended, self.claim_timeout)
+
+    async def get_provisioner_info(self) -> dict[str, Any]:
+        info: dict[str, Any] = await super().get_provisioner_info()
+        info.update({"pool": self.pool, "backend": self.backend,
+                     "claim": self._session.claim_name if self._session else None})
+        return info
+
+
+async def _plane(backend: str, options: dict[str, Any]) -> Any:
+    return get_control_plane(backend, **options)
+
+
+def _label_value(value: str) -> str:
+    cleaned = "".join(c if c.isalnum() or c in "-_." else "-" for c in value)[:63].strip("-_.")
+    return cleaned or "unknown"

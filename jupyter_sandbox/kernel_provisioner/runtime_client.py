@@ -1,0 +1,46 @@
+"""Calls to a sandbox runtime's kernel endpoints, through the router."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from tornado import httpclient
+
+from ..control_plane.base import Endpoint
+
+
+class RuntimeError_(Exception):
+    """The runtime could not be reached or refused the call."""
+
+    def __init__(self, message: str, status: int = 0) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+_client: httpclient.AsyncHTTPClient | None = None
+
+
+def _http() -> httpclient.AsyncHTTPClient:
+    global _client
+    if _client is None:
+        _client = httpclient.AsyncHTTPClient(force_instance=True, max_clients=50)
+    return _client
+
+
+async def call(endpoint: Endpoint, method: str, path: str, body: Any = None,
+               timeout: float = 60.0) -> dict[str, Any]:
+    request = httpclient.HTTPRequest(
+        endpoint.url(path), method=method, headers={**endpoint.headers(),
+                                                    "Content-Type": "application/json"},
+        body=json.dumps(body if body is not None else {}) if method == "POST" else None,
+        request_timeout=timeout, connect_timeout=10,
+    )
+    try:
+        response = await _http().fetch(request, raise_error=False)
+    except OSError as exc:
+        raise RuntimeError_(f"sandbox runtime unreachable: {exc}") from None
+    if response.code == 599 or response.code >= 400:
+        detail = response.body.decode(errors="replace") if response.body else str(response.error)
+        raise RuntimeError_(f"runtime {path} answered {response.code}: {detail}", response.code)
+    return json.loads(response.body or b"{}")  # type: ignore[no-any-return]

@@ -1,0 +1,285 @@
+"""One kernel's sandbox: its claim, its bridge and what is known of its kernel.
+
+Everything here runs on the background loop (see utils.background); the
+provisioner only forwards to it. State read by ``poll`` is cached here and
+updated by events from the runtime, so polling costs no network call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..control_plane.base import ClaimRequest, ClaimStatus, ControlPlane, Endpoint, Phase
+from .bridge import Bridge, KernelIdentity
+from .runtime_client import RuntimeError_, call
+
+log = logging.getLogger(__name__)
+
+DEAD_UNKNOWN = -1
+
+
+@dataclass
+class Progress:
+    """What a user waiting for the kernel should be told."""
+
+    step: str = "idle"  # claiming | waiting | ready | suspending | suspended | resuming | failed
+    detail: str = ""
+    warm: bool | None = None
+    since: float = field(default_factory=time.time)
+
+    def set(self, step: str, detail: str = "") -> None:
+        self.step, self.detail, self.since = step, detail, time.time()
+
+
+class SandboxSession:
+    def __init__(
+        self,
+        plane: ControlPlane,
+        *,
+        pool: str,
+        key: bytes,
+        labels: dict[str, str],
+        env: dict[str, str],
+        owner_pid: int,
+        claim_timeout: float,
+        claim_name: str | None = None,
+    ) -> None:
+        self.plane = plane
+        self.pool = pool
+        self.labels = labels
+        self.env = env
+        self.owner_pid = owner_pid
+        self.claim_timeout = claim_timeout
+        self.claim_name = claim_name
+        self.status: ClaimStatus | None = None
+        self.endpoint: Endpoint | None = None
+        self.progress = Progress()
+        self.suspended = False
+        self.released = False
+        self.exit_code: int | None = None
+        self.expected: KernelIdentity | None = None
+        self.kernel: dict[str, Any] = {}
+        self._kernel_changed = asyncio.Event()
+        self._resuming: asyncio.Task[None] | None = None
+        self.bridge = Bridge(
+            key=key,
+            on_kernel_state=self._on_kernel_state,
+            on_client_request=self._on_client_request,
+            on_disconnected=self._on_disconnected,
+        )
+
+    # -- claim ----------------------------------------------------------------
+
+    async def start(self) -> dict[str, int]:
+        """Claim a sandbox (or re-attach to ``claim_name``) and connect the bridge."""
+        self.progress.set("claiming", f"claiming a sandbox from pool {self.pool!r}")
+        if self.claim_name is None:
+            status = await self.plane.claim(ClaimRequest(
+                pool=self.pool, labels=self.labels, env=self.env, owner_pid=self.owner_pid,
+            ))
+            self.claim_name = status.name
+            self.progress.warm = status.warm
+            if status.phase != Phase.READY:
+                self.progress.set("waiting", status.message or "waiting for the sandbox")
+        try:
+            status = await self.plane.wait_ready(self.claim_name, self.claim_timeout)
+        except BaseException:
+            # A claim that never became ready must not leak.
+            self.progress.set("failed", "the sandbox did not become ready")
+            await self.release()
+            raise
+        self._set_status(status)
+        ports = self.bridge.bind()
+        assert self.endpoint is not None
+        self.bridge.connect(self.endpoint)
+        await self._await_kernel(lambda: self.expected is not None and self.exit_code is None)
+        self.progress.set("ready", "claimed a warm sandbox" if status.warm else "cold start")
+        return ports
+
+    def _set_status(self, status: ClaimStatus) -> None:
+        self.status = status
+        self.endpoint = status.endpoint
+
+    async def _await_kernel(self, condition: Any, timeout: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not condition():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError("the sandbox kernel did not report ready")
+            self._kernel_changed.clear()
+            try:
+                await asyncio.wait_for(self._kernel_changed.wait(), min(remaining, 1.0))
+            except TimeoutError:
+                pass
+
+    # -- kernel state ------------------------------------------------------
+
+    def _on_kernel_state(self, identity: KernelIdentity, kernel: dict[str, Any]) -> None:
+        if self.suspended:
+            return  # a suspending runtime reports its kernel stopping: that is no death
+        self.kernel = kernel
+        alive = bool(kernel.get("alive"))
+        if self.expected is None:
+            if alive and kernel.get("ready"):
+                self.expected = identity
+                self.exit_code = None
+        elif identity != self.expected:
+            if self.exit_code is None:
+                log.warning("sandbox %s runs a different kernel now: the old one is gone",
+                            self.claim_name)
+                self.exit_code = DEAD_UNKNOWN
+        elif not alive and self.exit_code is None:
+            code = kernel.get("exit_code")
+            self.exit_code = int(code) if isinstance(code, int) else DEAD_UNKNOWN
+        self.bridge.kernel_alive = self.exit_code is None
+        self._kernel_changed.set()
+
+    async def _on_disconnected(self, failures: int) -> None:
+        """The bridge cannot reach the runtime: is the claim still there at all?"""
+        if self.claim_name is None or self.suspended:
+            return
+        try:
+            status = await self.plane.status(self.claim_name)
+        except Exception:
+            return
+        if status is None or status.phase == Phase.FAILED:
+            log.warning("claim %s is %s: reporting the kernel dead", self.claim_name,
+                        "gone" if status is None else "failed")
+            if self.exit_code is None:
+                self.exit_code = DEAD_UNKNOWN
+                self.bridge.kernel_alive = False
+                self._kernel_changed.set()
+
+    def poll(self) -> int | None:
+        if self.released:
+            return self.exit_code if self.exit_code is not None else 0
+        return self.exit_code  # None while suspended, unless a shutdown was asked for
+
+    # -- kernel control --------------------------------------------------------
+
+    async def launch(self) -> None:
+        """Make sure a live kernel runs in the sandbox (a new one after a death or restart)."""
+        if self.suspended:
+            await self.resume()
+        if self.exit_code is None and self.expected is not None:
+            return
+        assert self.endpoint is not None
+        info = await call(self.endpoint, "POST", "api/kernel/start", timeout=120)
+        kernel = info.get("kernel", {})
+        self.expected = KernelIdentity(str(info.get("runtime_id")),
+                                       int(kernel.get("generation", 0)))
+        self.exit_code = None
+        self.bridge.kernel_alive = True
+        self.kernel = kernel
+
+    async def signal(self, signum: int) -> None:
+        if self.endpoint is None or self.suspended:
+            return
+        if signum == signal.SIGINT:
+            await call(self.endpoint, "POST", "api/kernel/interrupt")
+        else:
+            await call(self.endpoint, "POST", "api/kernel/signal", {"signum": int(signum)})
+
+    async def kill(self) -> None:
+        """Kill the kernel process (not the sandbox)."""
+        if self.suspended:
+            self.exit_code = -signal.SIGKILL
+            return
+        try:
+            await self.signal(signal.SIGKILL)
+        except RuntimeError_ as exc:
+            log.info("kill: runtime unreachable (%s); taking the kernel as dead", exc)
+            self.exit_code = -signal.SIGKILL
+            return
+        try:
+            await self._await_kernel(lambda: self.exit_code is not None, timeout=10)
+        except TimeoutError:
+            self.exit_code = -signal.SIGKILL
+
+    # -- suspend / resume -------------------------------------------------------
+
+    async def suspend(self) -> None:
+        if self.suspended or self.claim_name is None:
+            return
+        self.progress.set("suspending", "releasing compute, keeping the workspace")
+        self.suspended = True
+        self.bridge.hold()
+        status = await self.plane.suspend(self.claim_name)
+        self._set_status(status)
+        self.progress.set("suspended", "workspace kept; the next execution resumes it")
+
+    async def resume(self) -> None:
+        if self._resuming is None or self._resuming.done():
+            self._resuming = asyncio.create_task(self._resume())
+        await asyncio.shield(self._resuming)
+
+    async def _resume(self) -> None:
+        if not self.suspended or self.claim_name is None:
+            return
+        self.progress.set("resuming", "starting the sandbox again")
+        self.bridge.publish_status("restarting")
+        await self.plane.resume(self.claim_name)
+        status = await self.plane.wait_ready(self.claim_name, self.claim_timeout)
+        self._set_status(status)
+        self.expected = None
+        self.exit_code = None
+        self.suspended = False
+        assert self.endpoint is not None
+        self.bridge.connect(self.endpoint)
+        await self._await_kernel(lambda: self.expected is not None)
+        self.bridge.publish_status("idle")
+        self.progress.set("ready", "resumed: the kernel is new, the workspace is kept")
+
+    async def _on_client_request(self, channel: str, head: dict[str, Any]) -> bool:
+        """Resume on the first request after a suspension; a shutdown needs no resume."""
+        if not self.suspended:
+            return True
+        if head.get("msg_type") == "shutdown_request":
+            self.exit_code = 0
+            return False
+        asyncio.create_task(self._resume_logged())
+        return True
+
+    async def _resume_logged(self) -> None:
+        try:
+            await self.resume()
+        except Exception:
+            log.exception("resuming claim %s failed", self.claim_name)
+            self.exit_code = DEAD_UNKNOWN
+
+    # -- release ----------------------------------------------------------------
+
+    async def release(self) -> None:
+        """Delete the claim (idempotent) and close the bridge."""
+        if self.released:
+            return
+        self.released = True
+        await self.bridge.close()
+        if self.claim_name is not None:
+            await self.plane.release(self.claim_name)
+        self.progress.set("released", "")
+
+    def describe(self) -> dict[str, Any]:
+        status = self.status
+        return {
+            "claim": self.claim_name,
+            "pool": self.pool,
+            "sandbox": status.sandbox if status else None,
+            "namespace": status.namespace if status else None,
+            "isolation": status.isolation if status else None,
+            "isolation_detail": status.isolation_detail if status else None,
+            "workspace": status.workspace if status else None,
+            "warm": self.progress.warm,
+            "progress": {"step": self.progress.step, "detail": self.progress.detail,
+                         "since": self.progress.since},
+            "suspended": self.suspended,
+            "connected": self.bridge.connected,
+            "kernel": self.kernel,
+            "created": status.created if status else None,
+            "resources": status.resources if status else {},
+        }

@@ -1,0 +1,1 @@
+"""Reverse proxy for HTTP and WebSocket that routes by X-Sandbox-* headers."""

@@ -1,0 +1,82 @@
+"""Validation of the X-Sandbox-* routing headers (upstream sandbox-router's rules)."""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+DEFAULT_NAMESPACE = "default"
+DEFAULT_PORT = 8888
+DNS_LABEL = re.compile(r"^[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?$")
+
+ROUTING_HEADERS = frozenset(
+    {"x-sandbox-id", "x-sandbox-namespace", "x-sandbox-port", "x-sandbox-pod-ip",
+     "x-sandbox-timeout"}
+)
+HOP_BY_HOP = frozenset(
+    {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
+     "trailer", "trailers", "transfer-encoding", "upgrade"}
+)
+WEBSOCKET_HANDSHAKE = frozenset(
+    {"sec-websocket-key", "sec-websocket-version", "sec-websocket-extensions",
+     "sec-websocket-protocol", "sec-websocket-accept"}
+)
+
+
+class RoutingError(ValueError):
+    """The routing headers are missing or malformed (400)."""
+
+
+@dataclass(frozen=True)
+class Route:
+    name: str
+    namespace: str
+    port: int
+    pod_ip: str | None
+
+
+def parse_route(headers: Mapping[str, str], default_namespace: str = DEFAULT_NAMESPACE) -> Route:
+    name = headers.get("X-Sandbox-ID")
+    if not name:
+        raise RoutingError("X-Sandbox-ID header is required.")
+    if not DNS_LABEL.match(name):
+        raise RoutingError("Invalid sandbox ID format.")
+    namespace = headers.get("X-Sandbox-Namespace") or default_namespace
+    if not DNS_LABEL.match(namespace):
+        raise RoutingError("Invalid namespace format.")
+    raw_port = headers.get("X-Sandbox-Port") or str(DEFAULT_PORT)
+    if not raw_port.isdigit() or not 1 <= int(raw_port) <= 65535:
+        raise RoutingError("Invalid port format.")
+    pod_ip = headers.get("X-Sandbox-Pod-IP") or None
+    if pod_ip is not None:
+        try:
+            ip = ipaddress.ip_address(pod_ip)
+        except ValueError:
+            raise RoutingError("Invalid target IP address format.") from None
+        if ip.is_loopback or ip.is_link_local or ip.is_multicast or ip.is_unspecified:
+            raise RoutingError("Invalid target IP address.")
+        pod_ip = str(ip)
+    return Route(name=name, namespace=namespace, port=int(raw_port), pod_ip=pod_ip)
+
+
+def hop_by_hop(headers: Mapping[str, str]) -> set[str]:
+    names = set(HOP_BY_HOP)
+    for token in (headers.get("Connection") or "").split(","):
+        if token.strip():
+            names.add(token.strip().lower())
+    return names
+
+
+def forward_headers(headers: Mapping[str, str], *, websocket: bool = False) -> dict[str, str]:
+    """Request headers to send upstream: no routing, hop-by-hop, Host or Authorization."""
+    drop = ROUTING_HEADERS | hop_by_hop(headers) | {"host", "authorization", "content-length"}
+    if websocket:
+        drop |= WEBSOCKET_HANDSHAKE
+    return {k: v for k, v in headers.items() if k.lower() not in drop}
+
+
+def response_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    drop = hop_by_hop(headers) | {"content-length", "server", "date"}
+    return {k: v for k, v in headers.items() if k.lower() not in drop}

@@ -1,0 +1,82 @@
+"""Scoped sandbox tokens: an HMAC-signed JWT naming one sandbox in one namespace.
+
+The control plane issues a token when it hands out a claim; the router lets the
+holder reach that sandbox and no other, until the token expires.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import dataclass
+
+import jwt
+
+ALGORITHM = "HS256"
+ISSUER = "jupyter-sandbox"
+DEFAULT_TTL = 7 * 24 * 3600
+
+
+class TokenRefused(Exception):
+    """The token is missing, malformed, expired or for another sandbox."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class Scope:
+    namespace: str
+    name: str
+    subject: str = ""
+
+
+def new_secret() -> str:
+    return secrets.token_urlsafe(32)
+
+
+class TokenAuthority:
+    def __init__(self, secret: str | bytes) -> None:
+        if not secret:
+            raise ValueError("the token secret must not be empty")
+        self._secret = secret.encode() if isinstance(secret, str) else secret
+
+    def issue(self, scope: Scope, ttl: float = DEFAULT_TTL) -> str:
+        now = int(time.time())
+        claims = {
+            "iss": ISSUER,
+            "ns": scope.namespace,
+            "sbx": scope.name,
+            "sub": scope.subject,
+            "iat": now,
+            "exp": now + int(ttl),
+        }
+        return jwt.encode(claims, self._secret, algorithm=ALGORITHM)
+
+    def check(self, token: str | None, namespace: str, name: str) -> Scope:
+        """Return the token's scope if it grants access to ``namespace/name``."""
+        if not token:
+            raise TokenRefused(401, "a sandbox token is required (Authorization: Bearer ...)")
+        try:
+            claims = jwt.decode(
+                token, self._secret, algorithms=[ALGORITHM], issuer=ISSUER,
+                options={"require": ["exp", "ns", "sbx"]},
+            )
+        except jwt.ExpiredSignatureError:
+            raise TokenRefused(403, "the sandbox token has expired") from None
+        except jwt.InvalidTokenError:
+            raise TokenRefused(403, "the sandbox token is not valid") from None
+        if claims.get("ns") != namespace or claims.get("sbx") != name:
+            raise TokenRefused(403, "the sandbox token is for another sandbox")
+        return Scope(namespace=namespace, name=name, subject=str(claims.get("sub", "")))
+
+
+def bearer(header_value: str | None) -> str | None:
+    if not header_value:
+        return None
+    scheme, _, value = header_value.partition(" ")
+    if scheme.lower() != "bearer" or not value.strip():
+        return None
+    return value.strip()

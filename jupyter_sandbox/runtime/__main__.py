@@ -1,0 +1,86 @@
+"""``python -m jupyter_sandbox.runtime``: the server inside a sandbox."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+
+from tornado.httpserver import HTTPServer
+from tornado.netutil import bind_sockets, bind_unix_socket
+
+from .app import DEFAULT_MAX_BODY, make_app
+from .state import RuntimeState
+
+log = logging.getLogger("jupyter_sandbox.runtime")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="jupyter-sandbox-runtime", description=__doc__)
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--port", type=int, default=None, help="TCP port (default 8888)")
+    where.add_argument("--unix-socket", help="listen on this Unix socket instead of TCP")
+    parser.add_argument("--ip", default="0.0.0.0", help="address for --port")
+    parser.add_argument("--workspace", default=os.environ.get("SANDBOX_BASE_DIR", "/workspace"))
+    parser.add_argument("--runtime-dir", default=None, help="where kernel IPC sockets live")
+    parser.add_argument("--kernel-name", default="python3")
+    parser.add_argument("--no-kernel", action="store_true", help="do not pre-start the kernel")
+    parser.add_argument("--max-upload-bytes", type=int, default=DEFAULT_MAX_BODY)
+    parser.add_argument("--ready-fd", type=int, default=None,
+                        help="write one JSON line to this fd when the kernel is ready")
+    return parser.parse_args(argv)
+
+
+async def serve(args: argparse.Namespace) -> None:
+    workspace = os.path.realpath(args.workspace)
+    os.makedirs(workspace, exist_ok=True)
+    runtime_dir = args.runtime_dir or os.path.join(
+        os.environ.get("TMPDIR", "/tmp"), f"sandbox-runtime-{os.getpid()}"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SANDBOX_RUNTIME_")}
+    env.setdefault("HOME", workspace)
+    state = RuntimeState(
+        workspace=workspace, runtime_dir=runtime_dir, kernel_name=args.kernel_name, env=env
+    )
+    app = make_app(state)
+    server = HTTPServer(app, max_body_size=args.max_upload_bytes, xheaders=False)
+    if args.unix_socket:
+        server.add_socket(bind_unix_socket(args.unix_socket, mode=0o600))
+        where = args.unix_socket
+    else:
+        port = args.port if args.port is not None else 8888
+        server.add_sockets(bind_sockets(port, address=args.ip))
+        where = f"{args.ip}:{port}"
+    log.info("runtime listening on %s, workspace %s", where, workspace)
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+
+    if not args.no_kernel:
+        await state.kernel.start()
+    if args.ready_fd is not None:
+        with os.fdopen(args.ready_fd, "w") as ready:
+            ready.write(json.dumps({"ready": True, "kernel": state.kernel.state.to_json()}) + "\n")
+    await stop.wait()
+    server.stop()
+    await state.kernel.shutdown()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO, stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
+    asyncio.run(serve(args))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

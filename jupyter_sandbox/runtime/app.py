@@ -1,0 +1,32 @@
+"""Tornado application of the runtime server."""
+
+from __future__ import annotations
+
+from tornado import web
+
+from . import handlers
+from .state import RuntimeState
+
+DEFAULT_MAX_BODY = 1024 * 1024 * 1024
+DEFAULT_MAX_WS_MESSAGE = 512 * 1024 * 1024
+
+
+def make_app(state: RuntimeState, *, max_ws_message: int = DEFAULT_MAX_WS_MESSAGE) -> web.Application:
+    return web.Application(
+        [
+            (r"/", handlers.HealthHandler),
+            (r"/healthz", handlers.HealthHandler),
+            (r"/readyz", handlers.ReadyHandler),
+            (r"/api/kernel", handlers.KernelHandler),
+            (r"/api/kernel/channels", handlers.ChannelsHandler),
+            (r"/api/kernel/(interrupt|restart|start|signal)", handlers.KernelActionHandler),
+            (r"/execute", handlers.ExecuteHandler),
+            (r"/execute/stream", handlers.ExecuteStreamHandler),
+            (r"/upload", handlers.UploadHandler),
+            (r"/download/(.*)", handlers.DownloadHandler),
+            (r"/list/(.*)", handlers.ListHandler),
+            (r"/exists/(.*)", handlers.ExistsHandler),
+        ],
+        runtime=state,
+        websocket_max_message_size=max_ws_message,
+    )

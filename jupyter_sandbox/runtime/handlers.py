@@ -1,0 +1,258 @@
+"""HTTP and WebSocket handlers of the runtime server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+from typing import Any
+
+from tornado import web, websocket
+
+from ..protocol import framing
+from . import commands
+from .kernel_host import KernelNotRunning
+from .paths import PathInvalid, PathRefused, confine
+from .state import RuntimeState
+
+log = logging.getLogger(__name__)
+
+
+class BaseHandler(web.RequestHandler):
+    @property
+    def runtime(self) -> RuntimeState:
+        return self.settings["runtime"]  # type: ignore[no-any-return]
+
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        self.set_header("Content-Type", "application/json")
+        message = self._reason
+        exc_info = kwargs.get("exc_info")
+        if exc_info and isinstance(exc_info[1], web.HTTPError) and exc_info[1].log_message:
+            message = exc_info[1].log_message
+        self.finish(json.dumps({"message": message}))
+
+    def json_body(self) -> dict[str, Any]:
+        try:
+            body = json.loads(self.request.body or b"{}")
+        except ValueError:
+            raise web.HTTPError(400, "request body is not JSON") from None
+        if not isinstance(body, dict):
+            raise web.HTTPError(400, "request body must be a JSON object")
+        return body
+
+    def workspace_path(self, user_path: str) -> str:
+        try:
+            return confine(self.runtime.workspace, user_path)
+        except PathInvalid as exc:
+            raise web.HTTPError(400, str(exc)) from None
+        except PathRefused:
+            raise web.HTTPError(403, "Access denied") from None
+
+
+class HealthHandler(BaseHandler):
+    def get(self) -> None:
+        self.finish({"status": "ok", "message": "Sandbox Runtime is active."})
+
+
+class ReadyHandler(BaseHandler):
+    def get(self) -> None:
+        state = self.runtime.kernel.state
+        if not state.ready:
+            self.set_status(503)
+        self.finish({"ready": state.ready, "kernel": state.to_json()})
+
+
+class KernelHandler(BaseHandler):
+    def get(self) -> None:
+        self.finish(self.runtime.describe())
+
+
+class KernelActionHandler(BaseHandler):
+    async def post(self, action: str) -> None:
+        kernel = self.runtime.kernel
+        try:
+            if action == "interrupt":
+                await kernel.interrupt()
+            elif action == "restart":
+                await kernel.restart()
+            elif action == "start":
+                await kernel.start()
+            elif action == "signal":
+                signum = self.json_body().get("signum")
+                if not isinstance(signum, int) or signum not in signal.valid_signals():
+                    raise web.HTTPError(400, "signum must be a valid signal number")
+                await kernel.signal(signum)
+            else:
+                raise web.HTTPError(404, f"unknown kernel action {action!r}")
+        except KernelNotRunning as exc:
+            raise web.HTTPError(409, str(exc)) from None
+        except TimeoutError:
+            raise web.HTTPError(504, "kernel did not become ready") from None
+        self.finish(self.runtime.describe())
+
+
+class ChannelsHandler(websocket.WebSocketHandler):
+    """Kernel channels in the v1 binary framing; ``?last=<msg_id>`` resumes a session."""
+
+    @property
+    def runtime(self) -> RuntimeState:
+        return self.settings["runtime"]  # type: ignore[no-any-return]
+
+    def select_subprotocol(self, subprotocols: list[str]) -> str | None:
+        return framing.SUBPROTOCOL if framing.SUBPROTOCOL in subprotocols else None
+
+    def check_origin(self, origin: str) -> bool:
+        return True  # reached only through the router, which authorizes
+
+    def open(self) -> None:  # type: ignore[override]
+        if self.selected_subprotocol != framing.SUBPROTOCOL:
+            self.close(1002, f"subprotocol {framing.SUBPROTOCOL} required")
+            return
+        self.set_nodelay(True)
+        self.runtime.hub.send_event_to(self, self.runtime.event_payload())
+        self.runtime.hub.attach(self, self.get_query_argument("last", None))
+
+    def send_frame(self, frame: bytes) -> None:
+        if self.ws_connection is None or self.ws_connection.is_closing():
+            return
+        self.write_message(frame, binary=True)
+
+    def on_message(self, message: str | bytes) -> None:
+        if isinstance(message, str):
+            self.close(1003, "binary frames only")
+            return
+        try:
+            channel, parts = framing.decode(message)
+        except framing.FramingError as exc:
+            log.warning("bad frame from client: %s", exc)
+            return
+        if channel not in ("shell", "control", "stdin") or len(parts) < 4:
+            log.warning("ignoring message on channel %r", channel)
+            return
+        self.runtime.hub.record_request(self, parts)
+        try:
+            self.runtime.kernel.send(channel, parts)
+        except KernelNotRunning:
+            log.info("dropping %s message: kernel is not running", channel)
+
+    def on_close(self) -> None:
+        self.runtime.hub.detach(self)
+
+
+class ExecuteHandler(BaseHandler):
+    async def post(self) -> None:
+        body = self.json_body()
+        command = body.get("command")
+        if not isinstance(command, str) or not command.strip():
+            raise web.HTTPError(400, "command must be a non-empty string")
+        timeout = _timeout(body.get("timeout"))
+        try:
+            argv = commands.argv_for(command, bool(body.get("shell", False)))
+        except ValueError as exc:
+            raise web.HTTPError(400, f"cannot parse command: {exc}") from None
+        result = await commands.run(
+            argv, cwd=self.runtime.workspace, env=self.runtime.command_env, timeout=timeout
+        )
+        self.finish({"stdout": result.stdout, "stderr": result.stderr,
+                     "exit_code": result.exit_code})
+
+
+class ExecuteStreamHandler(BaseHandler):
+    """Newline-delimited JSON: {"stdout": "..."} / {"stderr": "..."} chunks, then {"exit_code": n}."""
+
+    async def post(self) -> None:
+        body = self.json_body()
+        command = body.get("command")
+        if not isinstance(command, str) or not command.strip():
+            raise web.HTTPError(400, "command must be a non-empty string")
+        try:
+            argv = commands.argv_for(command, bool(body.get("shell", False)))
+        except ValueError as exc:
+            raise web.HTTPError(400, f"cannot parse command: {exc}") from None
+        self.set_header("Content-Type", "application/x-ndjson")
+        async for kind, value in commands.stream(
+            argv, cwd=self.runtime.workspace, env=self.runtime.command_env,
+            timeout=_timeout(body.get("timeout")),
+        ):
+            if kind == "exit":
+                self.write(json.dumps({"exit_code": value}) + "\n")
+            else:
+                assert isinstance(value, bytes)
+                self.write(json.dumps({kind: value.decode(errors="replace")}) + "\n")
+            await self.flush()
+        self.finish()
+
+
+def _timeout(value: Any) -> float:
+    if value is None:
+        return commands.DEFAULT_TIMEOUT
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise web.HTTPError(400, "timeout must be a positive number of seconds")
+    return float(min(value, commands.MAX_TIMEOUT))
+
+
+class UploadHandler(BaseHandler):
+    async def post(self) -> None:
+        files = self.request.files.get("file")
+        if not files:
+            raise web.HTTPError(400, "multipart field 'file' is required")
+        upload = files[0]
+        if not upload.filename:
+            raise web.HTTPError(400, "the uploaded file needs a filename")
+        path = self.workspace_path(upload.filename)
+        if os.path.isdir(path):
+            raise web.HTTPError(400, "a directory has that name")
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        await asyncio.to_thread(_atomic_write, path, upload.body)
+        self.finish({"message": f"File '{upload.filename}' uploaded successfully."})
+
+
+def _atomic_write(path: str, data: bytes) -> None:
+    tmp = f"{path}.upload-{os.getpid()}"
+    with open(tmp, "wb") as handle:
+        handle.write(data)
+    os.replace(tmp, path)
+
+
+class DownloadHandler(BaseHandler):
+    async def get(self, user_path: str) -> None:
+        path = self.workspace_path(user_path)
+        if not os.path.isfile(path):
+            raise web.HTTPError(404, "File not found")
+        self.set_header("Content-Type", "application/octet-stream")
+        self.set_header("Content-Length", str(os.path.getsize(path)))
+        with open(path, "rb") as handle:
+            while chunk := handle.read(1 << 20):
+                self.write(chunk)
+                await self.flush()
+        self.finish()
+
+
+class ListHandler(BaseHandler):
+    def get(self, user_path: str) -> None:
+        path = self.workspace_path(user_path)
+        if not os.path.isdir(path):
+            raise web.HTTPError(404, "Path is not a directory")
+        entries = []
+        with os.scandir(path) as it:
+            for entry in it:
+                try:
+                    stats = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                entries.append({
+                    "name": entry.name,
+                    "size": stats.st_size,
+                    "type": "directory" if entry.is_dir(follow_symlinks=False) else "file",
+                    "mod_time": stats.st_mtime,
+                })
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps(entries))
+
+
+class ExistsHandler(BaseHandler):
+    def get(self, user_path: str) -> None:
+        path = self.workspace_path(user_path)
+        self.finish({"path": user_path, "exists": os.path.exists(path)})

@@ -1,0 +1,300 @@
+"""Owns the one kernel process of a sandbox and its ZMQ sockets."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import zmq
+import zmq.asyncio
+from jupyter_client.manager import AsyncKernelManager
+
+from ..protocol.messages import DELIM, parent_msg_id, sign, split_zmq
+
+log = logging.getLogger(__name__)
+
+MessageSink = Callable[[str, list[bytes]], None]
+StateSink = Callable[["KernelState"], None]
+
+READY_TIMEOUT = 60.0
+
+
+@dataclass
+class KernelState:
+    """What the bridge needs to know about the kernel process."""
+
+    generation: int = 0
+    alive: bool = False
+    ready: bool = False
+    exit_code: int | None = None
+    pid: int | None = None
+    started_at: float | None = None
+    execution_state: str = "starting"
+    last_activity: float = field(default_factory=time.time)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class KernelHost:
+    """Starts, restarts and relays one ipykernel over IPC sockets.
+
+    Messages from the kernel go to ``on_message(channel, parts)``; ``send`` takes
+    parts (header, parent_header, metadata, content, *buffers) and signs them with
+    the kernel's own key. Request/reply used internally (readiness probing) is not
+    passed on.
+    """
+
+    def __init__(
+        self,
+        *,
+        kernel_name: str,
+        cwd: str,
+        runtime_dir: str,
+        env: dict[str, str],
+        on_message: MessageSink,
+        on_state: StateSink,
+    ) -> None:
+        self.kernel_name = kernel_name
+        self.cwd = cwd
+        self.runtime_dir = runtime_dir
+        self.env = env
+        self._on_message = on_message
+        self._on_state = on_state
+        self.state = KernelState()
+        self._km: AsyncKernelManager | None = None
+        self._ctx = zmq.asyncio.Context.instance()
+        self._sockets: dict[str, zmq.asyncio.Socket] = {}
+        self._readers: list[asyncio.Task[None]] = []
+        self._watcher: asyncio.Task[None] | None = None
+        self._probes: dict[str, asyncio.Future[None]] = {}
+        self._probe_status: dict[str, asyncio.Future[None]] = {}
+        self._identity = uuid.uuid4().hex.encode()
+        # Tells a reconnecting bridge whether this is still the runtime it knew.
+        self.runtime_id = uuid.uuid4().hex
+        self._key = b""
+        self._lock = asyncio.Lock()
+
+    # -- lifecycle -------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start the kernel (if not running) and wait until it answers."""
+        async with self._lock:
+            if self._km is not None:
+                if await self._km.is_alive():
+                    return
+                await self._stop_locked(now=True)
+            await self._start_locked()
+
+    async def restart(self) -> None:
+        """Replace the kernel process by a new one in the same sandbox."""
+        async with self._lock:
+            await self._stop_locked(now=True)
+            await self._start_locked()
+
+    async def shutdown(self) -> None:
+        async with self._lock:
+            await self._stop_locked(now=False)
+
+    async def interrupt(self) -> None:
+        if self._km is not None:
+            await self._km.interrupt_kernel()
+
+    async def signal(self, signum: int) -> None:
+        if self._km is not None:
+            await self._km.signal_kernel(signum)
+
+    async def _start_locked(self) -> None:
+        os.makedirs(self.runtime_dir, mode=0o700, exist_ok=True)
+        km = AsyncKernelManager(
+            kernel_name=self.kernel_name,
+            transport="ipc",
+            ip=os.path.join(self.runtime_dir, "kernel"),
+            connection_file=os.path.join(self.runtime_dir, "kernel.json"),
+        )
+        # Stale IPC files from a previous generation would be taken for busy ports.
+        for name in os.listdir(self.runtime_dir):
+            if name.startswith("kernel-"):
+                os.unlink(os.path.join(self.runtime_dir, name))
+        self._km = km
+        self._probe_status.clear()
+        self.state = KernelState(generation=self.state.generation + 1)
+        self._publish_state()
+        await km.start_kernel(env=dict(self.env), cwd=self.cwd)
+        self._key = km.session.key
+        self._connect(km)
+        self.state.alive = True
+        self.state.pid = getattr(km.provisioner, "pid", None)
+        self.state.started_at = time.time()
+        self._watcher = asyncio.create_task(self._watch(km))
+        try:
+            await self._probe_ready(READY_TIMEOUT)
+        except TimeoutError:
+            log.error("kernel did not answer kernel_info within %ss", READY_TIMEOUT)
+            raise
+        self.state.ready = True
+        self.state.execution_state = "idle"
+        self._publish_state()
+
+    async def _stop_locked(self, *, now: bool) -> None:
+        km = self._km
+        if self._watcher is not None:
+            self._watcher.cancel()
+            self._watcher = None
+        for task in self._readers:
+            task.cancel()
+        self._readers = []
+        for sock in self._sockets.values():
+            sock.close(linger=0)
+        self._sockets = {}
+        if km is not None:
+            try:
+                await km.shutdown_kernel(now=now)
+            except Exception:  # already dead: nothing left to stop
+                log.debug("kernel shutdown raised", exc_info=True)
+            self._km = None
+        if self.state.alive:
+            self.state.alive = False
+            self.state.ready = False
+            self.state.exit_code = self.state.exit_code if self.state.exit_code is not None else 0
+            self._publish_state()
+
+    def _connect(self, km: AsyncKernelManager) -> None:
+        info = km.get_connection_info()
+        base = str(info["ip"])
+
+        def address(channel: str) -> str:
+            return f"ipc://{base}-{info[channel + '_port']}"
+
+        for channel in ("shell", "control", "stdin"):
+            sock = self._ctx.socket(zmq.DEALER)
+            # shell and stdin share an identity: ipykernel routes input_request
+            # to the identity that sent the execute_request.
+            sock.setsockopt(zmq.IDENTITY, self._identity if channel != "control" else
+                            self._identity + b"-control")
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.connect(address(channel))
+            self._sockets[channel] = sock
+        iopub = self._ctx.socket(zmq.SUB)
+        iopub.setsockopt(zmq.SUBSCRIBE, b"")
+        iopub.setsockopt(zmq.LINGER, 0)
+        iopub.connect(address("iopub"))
+        self._sockets["iopub"] = iopub
+        for channel, sock in self._sockets.items():
+            self._readers.append(asyncio.create_task(self._read(channel, sock)))
+
+    async def _watch(self, km: AsyncKernelManager) -> None:
+        """Notice the kernel process dying (a crash, kill -9, or shutdown_request)."""
+        provisioner = km.provisioner
+        while True:
+            await asyncio.sleep(0.2)
+            if provisioner is None:
+                return
+            code = await provisioner.poll()
+            if code is not None:
+                self.state.alive = False
+                self.state.ready = False
+                self.state.exit_code = code
+                self.state.execution_state = "dead"
+                log.info("kernel generation %s exited with %s", self.state.generation, code)
+                self._publish_state()
+                return
+
+    def _publish_state(self) -> None:
+        try:
+            self._on_state(self.state)
+        except Exception:
+            log.exception("state listener failed")
+
+    # -- relay -----------------------------------------------------------
+
+    async def _read(self, channel: str, sock: zmq.asyncio.Socket) -> None:
+        while True:
+            try:
+                frames = await sock.recv_multipart(copy=True)
+            except (asyncio.CancelledError, zmq.ZMQError):
+                return
+            try:
+                _, _, parts = split_zmq(frames)
+            except ValueError:
+                log.warning("dropping malformed message on %s", channel)
+                continue
+            self._observe(channel, parts)
+            parent = parent_msg_id(parts)
+            if parent is not None and parent in self._probes:
+                if channel == "shell":
+                    self._probes.pop(parent).set_result(None)
+                    continue
+                if channel == "iopub":
+                    waiter = self._probe_status.get(parent)
+                    if waiter is not None and not waiter.done():
+                        waiter.set_result(None)
+                    continue
+            if parent is not None and parent in self._probe_status and channel == "iopub":
+                # Late status messages of an answered probe.
+                continue
+            self._on_message(channel, parts)
+
+    def _observe(self, channel: str, parts: list[bytes]) -> None:
+        self.state.last_activity = time.time()
+        if channel == "iopub" and b'"status"' in parts[0][:400]:
+            try:
+                content = json.loads(parts[3])
+                self.state.execution_state = str(content.get("execution_state", "idle"))
+            except ValueError:
+                pass
+
+    def send(self, channel: str, parts: list[bytes]) -> None:
+        """Sign parts with the kernel's key and send them on a request channel."""
+        sock = self._sockets.get(channel)
+        if sock is None:
+            raise KernelNotRunning("kernel is not running")
+        self.state.last_activity = time.time()
+        sock.send_multipart([DELIM, sign(self._key, parts), *parts], copy=False)
+
+    async def _probe_ready(self, timeout: float) -> None:
+        """Send kernel_info until the kernel answers on shell and iopub."""
+        deadline = time.monotonic() + timeout
+        while True:
+            msg_id = uuid.uuid4().hex
+            loop = asyncio.get_running_loop()
+            reply: asyncio.Future[None] = loop.create_future()
+            status: asyncio.Future[None] = loop.create_future()
+            self._probes[msg_id] = reply
+            self._probe_status[msg_id] = status
+            header = {
+                "msg_id": msg_id,
+                "msg_type": "kernel_info_request",
+                "username": "sandbox-runtime",
+                "session": self._identity.decode(),
+                "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "version": "5.3",
+            }
+            parts = [json.dumps(header).encode(), b"{}", b"{}", b"{}"]
+            self.send("shell", parts)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError
+            try:
+                await asyncio.wait_for(
+                    asyncio.gather(reply, status), timeout=min(1.0, remaining)
+                )
+                return
+            except TimeoutError:
+                if not self.state.alive:
+                    raise KernelNotRunning("kernel died while starting") from None
+                if time.monotonic() >= deadline:
+                    raise
+            finally:
+                self._probes.pop(msg_id, None)
+
+
+class KernelNotRunning(RuntimeError):
+    """The request needs a running kernel and there is none."""
