@@ -44,6 +44,7 @@ class LocalControlPlane(ControlPlane):
     def __init__(self, base: Path | None = None, *, autostart: bool = True,
                  daemon_args: list[str] | None = None) -> None:
         self.base = base or state_dir()
+        self.base.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.autostart = autostart
         self.daemon_args = daemon_args or []
         self._socket = socket_path(self.base)

@@ -1,0 +1,276 @@
+"""``jupyter-sandbox``: run JupyterLab with sandboxed kernels, manage pools, claims and kernelspecs."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from .control_plane.base import ClaimError
+
+MANAGER_CLASS = "jupyter_sandbox.kernel_provisioner.manager.SandboxKernelManager"
+
+
+def _run(coro: Coroutine[Any, Any, int]) -> int:
+    try:
+        return asyncio.run(coro)
+    except ClaimError as exc:
+        print(f"error: {exc.message}" + (f"\nhint: {exc.hint}" if exc.hint else ""),
+              file=sys.stderr)
+        return 2
+
+
+def _plane() -> Any:
+    from .control_plane.local.client import LocalControlPlane
+
+    return LocalControlPlane()
+
+
+def _print(data: Any, as_json: bool, table: Callable[[Any], None]) -> None:
+    if as_json:
+        print(json.dumps(data, indent=1, default=str))
+    else:
+        table(data)
+
+
+# -- lab -----------------------------------------------------------------------
+
+
+def cmd_lab(args: argparse.Namespace) -> int:
+    from .kernelspec import install_kernelspec
+
+    async def prepare() -> int:
+        plane = _plane()
+        info = await plane.ensure_daemon()
+        pools = await plane.list_pools()
+        for pool in pools:
+            install_kernelspec(pool.name, display_name=pool.display_name or None)
+        if info.get("isolation") == "none":
+            print(f"WARNING: sandboxes are not isolated: {info.get('isolation_detail')}",
+                  file=sys.stderr)
+        await plane.close()
+        return 0
+
+    if _run(prepare()) != 0:
+        return 2
+    argv = [sys.executable, "-m", "jupyterlab",
+            f"--ServerApp.kernel_manager_class={MANAGER_CLASS}", *args.lab_args]
+    os.execv(sys.executable, argv)
+    return 0  # not reached
+
+
+# -- kernelspecs ------------------------------------------------------------------
+
+
+def cmd_install_kernelspec(args: argparse.Namespace) -> int:
+    from .kernelspec import install_kernelspec
+
+    options: dict[str, Any] = {}
+    if args.namespace:
+        options["namespace"] = args.namespace
+    if args.router_url:
+        options["router_url"] = args.router_url
+    try:
+        path = install_kernelspec(
+            args.pool, backend=args.backend, display_name=args.display_name,
+            backend_options=options or None, user=args.user, prefix=args.prefix, name=args.name,
+        )
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"installed kernelspec in {path}")
+    return 0
+
+
+# -- pools -------------------------------------------------------------------------
+
+
+def cmd_pool(args: argparse.Namespace) -> int:
+    async def go() -> int:
+        plane = _plane()
+        try:
+            if args.pool_cmd == "list":
+                pools = [p.to_json() for p in await plane.list_pools()]
+                _print(pools, args.json, lambda rows: _table(
+                    rows, ["name", "replicas", "ready", "starting", "claimed", "isolation"]))
+            elif args.pool_cmd == "create":
+                spec: dict[str, Any] = {"replicas": args.replicas, "network": not args.no_network}
+                if args.memory_mb:
+                    spec["memory_mb"] = args.memory_mb
+                if args.display_name:
+                    spec["display_name"] = args.display_name
+                if args.keep_workspace:
+                    spec["keep_workspace"] = True
+                result = await plane.apply_pool(args.name, spec)
+                if args.kernelspec:
+                    from .kernelspec import install_kernelspec
+
+                    install_kernelspec(args.name, display_name=args.display_name)
+                _print(result, args.json, lambda r: print(f"pool {args.name} applied"))
+            elif args.pool_cmd == "delete":
+                await plane.delete_pool(args.name)
+                print(f"pool {args.name} deleted")
+        finally:
+            await plane.close()
+        return 0
+
+    return _run(go())
+
+
+# -- claims ------------------------------------------------------------------------
+
+
+def cmd_claims(args: argparse.Namespace) -> int:
+    async def go() -> int:
+        plane = _plane()
+        try:
+            if args.claims_cmd == "list":
+                claims = [c.to_json() for c in await plane.list_claims()]
+                for claim in claims:
+                    claim.pop("endpoint", None)
+                _print(claims, args.json, lambda rows: _table(
+                    rows, ["name", "pool", "phase", "sandbox", "warm", "isolation"]))
+            elif args.claims_cmd == "release":
+                await plane.release(args.name)
+                print(f"claim {args.name} released")
+            elif args.claims_cmd in ("suspend", "resume"):
+                status = await getattr(plane, args.claims_cmd)(args.name)
+                print(f"claim {args.name}: {status.phase}")
+        finally:
+            await plane.close()
+        return 0
+
+    return _run(go())
+
+
+# -- daemon ------------------------------------------------------------------------
+
+
+def cmd_daemon(args: argparse.Namespace) -> int:
+    if args.daemon_cmd == "run":
+        from .control_plane.local.daemon import main as daemon_main
+
+        return daemon_main(args.daemon_args)
+
+    async def go() -> int:
+        plane = _plane()
+        try:
+            if args.daemon_cmd == "start":
+                info = await plane.ensure_daemon()
+                print(json.dumps(info, indent=1))
+            elif args.daemon_cmd == "stop":
+                await plane.stop_daemon()
+                print("daemon stopped")
+            elif args.daemon_cmd == "status":
+                plane.autostart = False
+                try:
+                    info = await plane.ensure_daemon()
+                except ClaimError:
+                    print("daemon not running")
+                    return 1
+                print(json.dumps(info, indent=1))
+        finally:
+            await plane.close()
+        return 0
+
+    return _run(go())
+
+
+def cmd_passthrough(args: argparse.Namespace) -> int:
+    if args.command == "operator":
+        from .operator.__main__ import main as operator_main
+
+        return int(operator_main(args.rest) or 0)
+    if args.command == "router":
+        from .router.__main__ import main as router_main
+
+        return int(router_main(args.rest) or 0)
+    from .runtime.__main__ import main as runtime_main
+
+    return int(runtime_main(args.rest) or 0)
+
+
+def _table(rows: list[dict[str, Any]], columns: list[str]) -> None:
+    if not rows:
+        print("(none)")
+        return
+    widths = {c: max(len(c), *(len(str(r.get(c))) for r in rows)) for c in columns}
+    print("  ".join(c.upper().ljust(widths[c]) for c in columns))
+    for row in rows:
+        print("  ".join(str(row.get(c)).ljust(widths[c]) for c in columns))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="jupyter-sandbox", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    lab = sub.add_parser("lab", help="start JupyterLab with sandboxed kernels (local backend)")
+    lab.add_argument("lab_args", nargs=argparse.REMAINDER, help="arguments for jupyter lab")
+    lab.set_defaults(func=cmd_lab)
+
+    ks = sub.add_parser("install-kernelspec", help="install a kernelspec for a pool")
+    ks.add_argument("--pool", default="default")
+    ks.add_argument("--backend", choices=["local", "kubernetes"], default="local")
+    ks.add_argument("--display-name")
+    ks.add_argument("--name", help="kernelspec name (default sandbox-<pool>)")
+    ks.add_argument("--namespace", help="Kubernetes namespace of the pool")
+    ks.add_argument("--router-url", help="router URL for the Kubernetes backend")
+    where = ks.add_mutually_exclusive_group()
+    where.add_argument("--user", action="store_true", help="install for this user only")
+    where.add_argument("--prefix", help="install under this prefix (default: sys.prefix)")
+    ks.set_defaults(func=cmd_install_kernelspec)
+
+    pool = sub.add_parser("pool", help="list, create or delete local warm pools")
+    pool.add_argument("--json", action="store_true")
+    pool_sub = pool.add_subparsers(dest="pool_cmd", required=True)
+    pool_sub.add_parser("list")
+    create = pool_sub.add_parser("create")
+    create.add_argument("name")
+    create.add_argument("--replicas", type=int, default=2)
+    create.add_argument("--no-network", action="store_true")
+    create.add_argument("--memory-mb", type=int)
+    create.add_argument("--display-name")
+    create.add_argument("--keep-workspace", action="store_true",
+                        help="keep a claim's workspace directory after it is released")
+    create.add_argument("--kernelspec", action="store_true", help="also install its kernelspec")
+    delete = pool_sub.add_parser("delete")
+    delete.add_argument("name")
+    pool.set_defaults(func=cmd_pool)
+
+    claims = sub.add_parser("claims", help="list, suspend, resume or release local claims")
+    claims.add_argument("--json", action="store_true")
+    claims_sub = claims.add_subparsers(dest="claims_cmd", required=True)
+    claims_sub.add_parser("list")
+    for action in ("release", "suspend", "resume"):
+        claims_sub.add_parser(action).add_argument("name")
+    claims.set_defaults(func=cmd_claims)
+
+    daemon = sub.add_parser("daemon", help="the local sandbox daemon")
+    daemon_sub = daemon.add_subparsers(dest="daemon_cmd", required=True)
+    daemon_sub.add_parser("start")
+    daemon_sub.add_parser("stop")
+    daemon_sub.add_parser("status")
+    run = daemon_sub.add_parser("run", help="run in the foreground")
+    run.add_argument("daemon_args", nargs=argparse.REMAINDER)
+    daemon.set_defaults(func=cmd_daemon)
+
+    for name, text in (("operator", "run the Kubernetes operator"),
+                       ("router", "run the standalone router"),
+                       ("runtime", "run the in-sandbox runtime server")):
+        passthrough = sub.add_parser(name, help=text, add_help=False)
+        passthrough.add_argument("rest", nargs=argparse.REMAINDER)
+        passthrough.set_defaults(func=cmd_passthrough)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

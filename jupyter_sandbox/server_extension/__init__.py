@@ -1,0 +1,20 @@
+"""jupyter_server extension: REST API for sandbox state behind the JupyterLab UI."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from jupyter_server.services.kernels.connection.channels import ZMQChannelsWebsocketConnection
+
+from .connection import SandboxWebsocketConnection
+from .handlers import default_handlers
+
+
+def _load_jupyter_server_extension(serverapp: Any) -> None:
+    settings = serverapp.web_app.settings
+    base = settings["base_url"]
+    serverapp.web_app.add_handlers(".*$", default_handlers(base))
+    # Only replace jupyter_server's own class; another extension's choice wins.
+    if settings.get("kernel_websocket_connection_class") is ZMQChannelsWebsocketConnection:
+        settings["kernel_websocket_connection_class"] = SandboxWebsocketConnection
+    serverapp.log.info("jupyter_sandbox: REST API at %sapi/sandbox", base)

@@ -1,0 +1,205 @@
+"""Drive a real jupyter_server over REST and the kernel WebSocket, as JupyterLab does."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tornado import httpclient, websocket
+
+MANAGER = "jupyter_sandbox.kernel_provisioner.manager.SandboxKernelManager"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class Server:
+    url: str
+    token: str
+    proc: subprocess.Popen[bytes]
+    root: Path
+    log: Path
+
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"token {self.token}"}
+
+    async def request(self, method: str, path: str, body: Any = None,
+                      expect: int | None = None, timeout: float = 120) -> Any:
+        client = httpclient.AsyncHTTPClient()
+        response = await client.fetch(
+            f"{self.url}{path}", method=method, headers=self.headers(),
+            body=json.dumps(body) if body is not None else (b"" if method == "POST" else None),
+            raise_error=False, request_timeout=timeout, allow_nonstandard_methods=True,
+        )
+        if expect is not None:
+            assert response.code == expect, (response.code, response.body)
+        if not response.body:
+            return response.code
+        return json.loads(response.body)
+
+    def log_text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+@contextmanager
+def jupyter_server(tmp_path: Path, *extra: str, env: dict[str, str] | None = None
+                   ) -> Iterator[Server]:
+    port = free_port()
+    token = uuid.uuid4().hex
+    root = tmp_path / "notebooks"
+    root.mkdir(exist_ok=True)
+    log = tmp_path / f"server-{port}.log"
+    handle = open(log, "wb")  # noqa: SIM115
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jupyter_server", "--no-browser", f"--port={port}",
+         "--ServerApp.ip=127.0.0.1", f"--IdentityProvider.token={token}",
+         f"--ServerApp.root_dir={root}", f"--ServerApp.kernel_manager_class={MANAGER}",
+         "--ServerApp.open_browser=False", "--allow-root", *extra],
+        stdout=handle, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
+    )
+    handle.close()
+    server = Server(f"http://127.0.0.1:{port}", token, proc, root, log)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1):
+                    break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("jupyter server did not start:\n" + server.log_text())
+                time.sleep(0.1)
+        yield server
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+@dataclass
+class ExecResult:
+    status: str
+    outputs: list[dict[str, Any]] = field(default_factory=list)
+    reply: dict[str, Any] = field(default_factory=dict)
+    statuses: list[str] = field(default_factory=list)
+
+    @property
+    def stdout(self) -> str:
+        return "".join(o["content"]["text"] for o in self.outputs
+                       if o["msg_type"] == "stream" and o["content"]["name"] == "stdout")
+
+
+class KernelSocket:
+    """The kernel WebSocket of jupyter_server (JSON protocol), like a browser tab."""
+
+    def __init__(self, server: Server, kernel_id: str) -> None:
+        self.server = server
+        self.kernel_id = kernel_id
+        self.session = uuid.uuid4().hex
+        self.ws: websocket.WebSocketClientConnection | None = None
+        self.seen: list[dict[str, Any]] = []
+
+    async def connect(self) -> KernelSocket:
+        url = self.server.url.replace("http", "ws", 1)
+        request = httpclient.HTTPRequest(
+            f"{url}/api/kernels/{self.kernel_id}/channels?session_id={self.session}",
+            headers=self.server.headers(),
+        )
+        self.ws = await websocket.websocket_connect(request, max_message_size=1 << 30)
+        return self
+
+    def close(self) -> None:
+        if self.ws is not None:
+            self.ws.close()
+
+    def send(self, channel: str, msg_type: str, content: dict[str, Any]) -> str:
+        assert self.ws is not None
+        msg_id = uuid.uuid4().hex
+        msg = {
+            "header": {"msg_id": msg_id, "msg_type": msg_type, "username": "test",
+                       "session": self.session, "version": "5.3", "date": ""},
+            "parent_header": {}, "metadata": {}, "content": content, "channel": channel,
+            "buffers": [],
+        }
+        self.ws.write_message(json.dumps(msg))
+        return msg_id
+
+    async def recv(self, timeout: float) -> dict[str, Any]:
+        assert self.ws is not None
+        raw = await asyncio.wait_for(self.ws.read_message(), timeout)
+        if raw is None:
+            raise ConnectionError("kernel websocket closed")
+        if isinstance(raw, bytes):
+            from jupyter_server.services.kernels.connection.base import (
+                deserialize_binary_message,
+            )
+
+            msg = deserialize_binary_message(raw)
+        else:
+            msg = json.loads(raw)
+        self.seen.append(msg)
+        return msg  # type: ignore[no-any-return]
+
+    async def execute(self, code: str, *, timeout: float = 120,
+                      stdin: list[str] | None = None) -> ExecResult:
+        msg_id = self.send("shell", "execute_request", {
+            "code": code, "silent": False, "store_history": True,
+            "user_expressions": {}, "allow_stdin": stdin is not None, "stop_on_error": True,
+        })
+        result = ExecResult(status="")
+        idle = False
+        deadline = time.monotonic() + timeout
+        answers = list(stdin or [])
+        while not (idle and result.reply):
+            msg = await self.recv(max(0.1, deadline - time.monotonic()))
+            parent = msg.get("parent_header", {}).get("msg_id")
+            kind = msg["header"]["msg_type"]
+            if msg["channel"] == "iopub" and kind == "status":
+                result.statuses.append(msg["content"]["execution_state"])
+            if parent != msg_id:
+                continue
+            if msg["channel"] == "stdin" and kind == "input_request":
+                self.send("stdin", "input_reply", {"value": answers.pop(0)})
+            elif msg["channel"] == "shell":
+                result.reply = msg["content"]
+                result.status = msg["content"]["status"]
+            elif kind == "status" and msg["content"]["execution_state"] == "idle":
+                idle = True
+            elif kind in ("stream", "display_data", "execute_result", "error"):
+                result.outputs.append(msg)
+        return result
+
+
+async def start_kernel(server: Server, name: str = "sandbox-default") -> str:
+    model = await server.request("POST", "/api/kernels", {"name": name}, expect=201)
+    return str(model["id"])
+
+
+async def wait_for(predicate: Any, timeout: float, interval: float = 0.2) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = await predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError("condition not met in time")
+        await asyncio.sleep(interval)

@@ -1,0 +1,184 @@
+"""A real jupyter_server with the sandbox provisioner, driven over REST and the kernel WebSocket."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+
+from jupyter_sandbox.control_plane.local.client import LocalControlPlane
+
+from .helpers import KernelSocket, jupyter_server, start_kernel, wait_for
+
+pytestmark = pytest.mark.usefixtures("warm_daemon")
+
+
+async def claims_for(kernel_id: str) -> list:
+    plane = LocalControlPlane()
+    try:
+        return await plane.list_claims({"jupyter-sandbox/kernel-id": kernel_id})
+    finally:
+        await plane.close()
+
+
+async def test_execute_rich_output_stdin_buffers(tmp_path: Path) -> None:
+    with jupyter_server(tmp_path) as server:
+        kernel_id = await start_kernel(server)
+        claims = await claims_for(kernel_id)
+        assert len(claims) == 1 and claims[0].phase == "Ready"
+        assert claims[0].warm is True, "the kernel should start from a warm sandbox"
+        ws = await KernelSocket(server, kernel_id).connect()
+        try:
+            result = await ws.execute("import os; print(os.getcwd()); 6 * 7")
+            assert result.status == "ok"
+            assert result.stdout.strip() in ("/workspace", claims[0].workspace)
+            assert any(o["msg_type"] == "execute_result"
+                       and o["content"]["data"]["text/plain"] == "42" for o in result.outputs)
+
+            html = await ws.execute("from IPython.display import HTML, display\n"
+                                    "display(HTML('<b>bold</b>'))")
+            assert html.outputs[0]["content"]["data"]["text/html"] == "<b>bold</b>"
+
+            asked = await ws.execute("name = input('who? ')\nprint('hello', name)",
+                                     stdin=["sandbox"])
+            assert "hello sandbox" in asked.stdout
+
+            # A comm message carrying binary buffers, as widgets send.
+            comm = await ws.execute(
+                "from comm import create_comm\n"
+                "c = create_comm(target_name='t', data={'k': 1}, buffers=[b'\\x00\\x01\\xff' * 1000])"
+            )
+            assert comm.status == "ok"
+            opened = [m for m in ws.seen if m["header"]["msg_type"] == "comm_open"]
+            assert opened, "comm_open did not reach the frontend"
+            buffers = opened[-1]["buffers"]
+            assert bytes(buffers[0]) == b"\x00\x01\xff" * 1000
+        finally:
+            ws.close()
+        await server.request("DELETE", f"/api/kernels/{kernel_id}", expect=204)
+        assert await claims_for(kernel_id) == []
+
+
+async def test_interrupt_restart_and_shutdown(tmp_path: Path) -> None:
+    with jupyter_server(tmp_path) as server:
+        kernel_id = await start_kernel(server)
+        ws = await KernelSocket(server, kernel_id).connect()
+        try:
+            await ws.execute("x = 1")
+            sleeper = asyncio.create_task(ws.execute("import time; time.sleep(60)", timeout=60))
+            await asyncio.sleep(2)
+            started = time.monotonic()
+            await server.request("POST", f"/api/kernels/{kernel_id}/interrupt", expect=204)
+            interrupted = await sleeper
+            assert interrupted.status == "error"
+            assert interrupted.reply["ename"] == "KeyboardInterrupt"
+            assert time.monotonic() - started < 30
+
+            claim_before = (await claims_for(kernel_id))[0]
+            await server.request("POST", f"/api/kernels/{kernel_id}/restart", expect=200)
+        finally:
+            ws.close()
+        ws = await KernelSocket(server, kernel_id).connect()
+        try:
+            after = await ws.execute("print('x' in globals())")
+            assert after.stdout.strip() == "False", "restart must give a fresh kernel"
+            claim_after = (await claims_for(kernel_id))[0]
+            assert claim_after.name == claim_before.name
+            assert claim_after.sandbox == claim_before.sandbox, "restart keeps the sandbox"
+        finally:
+            ws.close()
+        workspace = Path(claim_after.workspace or "")
+        await server.request("DELETE", f"/api/kernels/{kernel_id}", expect=204)
+        # Twice is harmless.
+        await server.request("DELETE", f"/api/kernels/{kernel_id}", expect=404)
+        assert await claims_for(kernel_id) == []
+
+        async def workspace_gone() -> bool:
+            return not workspace.exists()
+
+        await wait_for(workspace_gone, 15)
+
+
+async def test_cull_suspends_and_next_execute_resumes(tmp_path: Path) -> None:
+    with jupyter_server(
+        tmp_path,
+        "--MappingKernelManager.cull_idle_timeout=3",
+        "--MappingKernelManager.cull_interval=1",
+    ) as server:
+        kernel_id = await start_kernel(server)
+        ws = await KernelSocket(server, kernel_id).connect()
+        await ws.execute("open('kept.txt', 'w').write('still here'); y = 5")
+        ws.close()
+
+        async def suspended() -> bool:
+            model = await server.request("GET", f"/api/sandbox/kernels/{kernel_id}")
+            return bool(model["sandbox"]["suspended"])
+
+        await wait_for(suspended, 30)
+        claim = (await claims_for(kernel_id))[0]
+        assert claim.phase == "Suspended"
+        assert claim.resources["pid"] is None, "a suspended sandbox has no process"
+        assert Path(claim.workspace or "", "kept.txt").exists(), "the workspace is kept"
+        kernels = await server.request("GET", "/api/kernels")
+        assert kernel_id in [k["id"] for k in kernels], "a suspended kernel stays listed"
+
+        ws = await KernelSocket(server, kernel_id).connect()
+        try:
+            result = await ws.execute("print(open('kept.txt').read(), 'y' in globals())",
+                                      timeout=120)
+            assert result.stdout.strip() == "still here False"
+            restarting = [m for m in ws.seen if m["header"]["msg_type"] == "status"
+                          and m["content"]["execution_state"] == "restarting"]
+            assert restarting, "the frontend must be told the kernel is new"
+        finally:
+            ws.close()
+        claim = (await claims_for(kernel_id))[0]
+        assert claim.phase == "Ready"
+        await server.request("DELETE", f"/api/kernels/{kernel_id}", expect=204)
+
+
+async def test_shutdown_of_a_suspended_kernel_does_not_resume_it(tmp_path: Path) -> None:
+    with jupyter_server(tmp_path) as server:
+        kernel_id = await start_kernel(server)
+        await server.request("POST", f"/api/sandbox/kernels/{kernel_id}/suspend", expect=200)
+        claim = (await claims_for(kernel_id))[0]
+        assert claim.phase in ("Suspended", "Suspending")
+        started = time.monotonic()
+        await server.request("DELETE", f"/api/kernels/{kernel_id}", expect=204)
+        assert time.monotonic() - started < 5
+        assert await claims_for(kernel_id) == []
+
+
+async def test_unknown_pool_is_a_clear_error_and_leaks_nothing(tmp_path: Path) -> None:
+    with jupyter_server(tmp_path) as server:
+        before = await server.request("GET", "/api/kernels")
+        response = await server.request("POST", "/api/kernels", {"name": "sandbox-missing"})
+        assert isinstance(response, dict)
+        assert "missing" in str(response.get("message")) + str(response.get("reason"))
+        assert await server.request("GET", "/api/kernels") == before
+        plane = LocalControlPlane()
+        try:
+            assert [c for c in await plane.list_claims() if c.pool == "missing"] == []
+        finally:
+            await plane.close()
+
+
+async def test_server_secrets_never_reach_the_sandbox(tmp_path: Path) -> None:
+    from .conftest import SERVER_SECRETS
+
+    with jupyter_server(tmp_path) as server:
+        kernel_id = await start_kernel(server)
+        ws = await KernelSocket(server, kernel_id).connect()
+        try:
+            result = await ws.execute(
+                "import os, subprocess\n"
+                f"print([n for n in {sorted(SERVER_SECRETS)!r} if n in os.environ])\n"
+                "print(subprocess.run(['env'], capture_output=True, text=True).stdout)"
+            )
+            assert result.stdout.splitlines()[0] == "[]"
+            assert "do-not-leak" not in result.stdout
+        finally:
+            ws.close()
+        await server.request("DELETE", f"/api/kernels/{kernel_id}", expect=204)
