@@ -134,8 +134,11 @@ class HTTPProxyHandler(web.RequestHandler):
             return
         if self._body is not None:
             await self._body.put(None)
-        response = await self._fetch
-        error = response.error
+        try:
+            response = await self._fetch
+            error = response.error
+        except Exception as exc:  # the upstream closed or reset mid-exchange
+            error = exc
         if self._status is None or (error is not None and not isinstance(error, httpclient.HTTPError)):
             if not self._headers_sent:
                 if isinstance(error, HTTPTimeoutError):

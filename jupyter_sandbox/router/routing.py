@@ -71,7 +71,7 @@ def hop_by_hop(headers: Mapping[str, str]) -> set[str]:
 
 def forward_headers(headers: Mapping[str, str], *, websocket: bool = False) -> dict[str, str]:
     """Request headers to send upstream: no routing, hop-by-hop, Host or Authorization."""
-    drop = ROUTING_HEADERS | hop_by_hop(headers) | {"host", "authorization", "content-length"}
+    drop = ROUTING_HEADERS | hop_by_hop(headers) | {"host", "authorization"}
     if websocket:
         drop |= WEBSOCKET_HANDSHAKE
     return {k: v for k, v in headers.items() if k.lower() not in drop}

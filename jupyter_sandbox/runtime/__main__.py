@@ -46,8 +46,9 @@ async def serve(args: argparse.Namespace) -> None:
     state = RuntimeState(
         workspace=workspace, runtime_dir=runtime_dir, kernel_name=args.kernel_name, env=env
     )
-    app = make_app(state)
-    server = HTTPServer(app, max_body_size=args.max_upload_bytes, xheaders=False)
+    app = make_app(state, max_upload_bytes=args.max_upload_bytes)
+    # Uploads stream and enforce their own bound; other bodies are small JSON.
+    server = HTTPServer(app, max_body_size=max(args.max_upload_bytes, 1 << 20) + 1)
     if args.unix_socket:
         server.add_socket(bind_unix_socket(args.unix_socket, mode=0o600))
         where = args.unix_socket

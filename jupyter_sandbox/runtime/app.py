@@ -11,7 +11,8 @@ DEFAULT_MAX_BODY = 1024 * 1024 * 1024
 DEFAULT_MAX_WS_MESSAGE = 512 * 1024 * 1024
 
 
-def make_app(state: RuntimeState, *, max_ws_message: int = DEFAULT_MAX_WS_MESSAGE) -> web.Application:
+def make_app(state: RuntimeState, *, max_ws_message: int = DEFAULT_MAX_WS_MESSAGE,
+             max_upload_bytes: int = DEFAULT_MAX_BODY) -> web.Application:
     return web.Application(
         [
             (r"/", handlers.HealthHandler),
@@ -29,4 +30,5 @@ def make_app(state: RuntimeState, *, max_ws_message: int = DEFAULT_MAX_WS_MESSAG
         ],
         runtime=state,
         websocket_max_message_size=max_ws_message,
+        max_upload_bytes=max_upload_bytes,
     )

@@ -15,6 +15,7 @@ from ..protocol import framing
 from . import commands
 from .kernel_host import KernelNotRunning
 from .paths import PathInvalid, PathRefused, confine
+from .upload import StreamingUpload
 from .state import RuntimeState
 
 log = logging.getLogger(__name__)
@@ -193,27 +194,49 @@ def _timeout(value: Any) -> float:
     return float(min(value, commands.MAX_TIMEOUT))
 
 
+# Refused uploads are still read (up to this much more) so the client, and a proxy
+# in between, get the error response instead of a reset connection.
+DRAIN_BYTES = 64 * 1024 * 1024
+
+
+@web.stream_request_body
 class UploadHandler(BaseHandler):
-    async def post(self) -> None:
-        files = self.request.files.get("file")
-        if not files:
-            raise web.HTTPError(400, "multipart field 'file' is required")
-        upload = files[0]
-        if not upload.filename:
-            raise web.HTTPError(400, "the uploaded file needs a filename")
-        path = self.workspace_path(upload.filename)
-        if os.path.isdir(path):
-            raise web.HTTPError(400, "a directory has that name")
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        await asyncio.to_thread(_atomic_write, path, upload.body)
-        self.finish({"message": f"File '{upload.filename}' uploaded successfully."})
+    """Upstream-compatible ``POST /upload`` (multipart field ``file``), streamed to disk."""
 
+    upload: StreamingUpload | None = None
+    refused: web.HTTPError | None = None
 
-def _atomic_write(path: str, data: bytes) -> None:
-    tmp = f"{path}.upload-{os.getpid()}"
-    with open(tmp, "wb") as handle:
-        handle.write(data)
-    os.replace(tmp, path)
+    def prepare(self) -> None:
+        limit = int(self.settings.get("max_upload_bytes", 1 << 30))
+        self.request.connection.set_max_body_size(limit + DRAIN_BYTES)  # type: ignore[union-attr]
+        length = self.request.headers.get("Content-Length")
+        if length is not None and length.isdigit() and int(length) > limit:
+            self.refused = web.HTTPError(413, f"upload larger than {limit} bytes")
+            return
+        try:
+            self.upload = StreamingUpload(self.runtime.workspace,
+                                          self.request.headers.get("Content-Type", ""), limit)
+        except web.HTTPError as exc:
+            self.refused = exc
+
+    def data_received(self, chunk: bytes) -> None:
+        if self.refused is not None or self.upload is None:
+            return
+        try:
+            self.upload.feed(chunk)
+        except web.HTTPError as exc:
+            self.refused = exc
+
+    def post(self) -> None:
+        if self.refused is not None:
+            raise self.refused
+        assert self.upload is not None
+        names = self.upload.commit()
+        self.finish({"message": f"File '{names[0]}' uploaded successfully."})
+
+    def on_finish(self) -> None:
+        if self.upload is not None and self.get_status() >= 400:
+            self.upload.discard()
 
 
 class DownloadHandler(BaseHandler):

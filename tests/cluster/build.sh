@@ -56,9 +56,24 @@ need() {  # should we build this binary?
     ! have_asset "$1" && [[ ! -x "$BIN_DIR/$1" ]]
 }
 
+# kwok needs Stage definitions (node init + heartbeat, pod ready/complete/delete);
+# they ship in the kwok module, which the build has in GOMODCACHE.
+STAGES="$BIN_DIR/kwok-stages.yaml"
+write_kwok_stages() {
+    [[ -s "$STAGES" ]] && return 0
+    local src="$GOMODCACHE/sigs.k8s.io/kwok@$KWOK_VERSION/kustomize/stage" f
+    [[ -d "$src" ]] || { log "kwok stages not found in $src"; return 1; }
+    : >"$STAGES.tmp"
+    for f in node/fast/node-initialize.yaml node/heartbeat-with-lease/node-heartbeat-with-lease.yaml \
+        pod/fast/pod-ready.yaml pod/fast/pod-complete.yaml pod/fast/pod-delete.yaml; do
+        { echo "---"; cat "$src/$f"; } >>"$STAGES.tmp"
+    done
+    mv "$STAGES.tmp" "$STAGES"
+}
+
 missing=""
 for b in $ALL_BINS; do need "$b" && missing="$missing $b"; done
-if [[ -z "$missing" ]]; then
+if [[ -z "$missing" ]] && { have_asset kwok || [[ -s "$STAGES" ]] || write_kwok_stages; }; then
     log "all binaries present (${KUBEBUILDER_ASSETS:+KUBEBUILDER_ASSETS=$KUBEBUILDER_ASSETS, }cache $BIN_DIR); took $((SECONDS - START))s"
     echo "$BIN_DIR"
     exit 0
@@ -154,5 +169,6 @@ fi
 for b in $ALL_BINS; do
     if need "$b"; then log "ERROR: $b still missing"; exit 1; fi
 done
+write_kwok_stages
 log "done in $((SECONDS - START))s; binaries in $BIN_DIR"
 echo "$BIN_DIR"

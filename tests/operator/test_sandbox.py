@@ -1,0 +1,157 @@
+"""Sandbox reconciler against the real API server (pods run under kwok)."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+
+from .conftest import SB, cond, is_ready, sandbox_body, wait_for
+
+pytestmark = pytest.mark.cluster
+
+
+def fnv1a(s: str) -> str:
+    h = 0x811C9DC5
+    for b in s.encode():
+        h = ((h ^ b) * 0x01000193) & 0xFFFFFFFF
+    return f"{h:08x}"
+
+
+def test_name_hash_matches_upstream_vectors():
+    from jupyter_sandbox.operator.util import name_hash
+
+    # FNV-1a 32 reference values
+    assert name_hash("") == "811c9dc5"
+    assert name_hash("a") == "e40c292c"
+    assert name_hash("foobar") == "bf9cf968"
+
+
+def test_children_shape_ownership_and_ready(kube, operator):
+    vct = {
+        "metadata": {"name": "work"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
+    }
+    sb = kube.create(SB, sandbox_body("sb1", service=True, volumeClaimTemplates=[vct]))
+    uid = sb["metadata"]["uid"]
+    h = fnv1a("sb1")
+
+    s = wait_for(lambda: (x := kube.get(SB, "sb1")) and is_ready(x) and x, 60, what="Sandbox Ready")
+    st = s["status"]
+    assert st["podIPs"] and st["nodeName"] == "kwok-node-0"
+    assert st["selector"] == f"agents.x-k8s.io/sandbox-name-hash={h}"
+    assert st["service"] == "sb1"
+    assert st["serviceFQDN"] == f"sb1.{kube.ns}.svc.cluster.local"
+    assert cond(s, "Ready")["reason"] == "DependenciesReady"
+    assert cond(s, "Suspended")["status"] == "False"
+    assert cond(s, "PodScheduled")["status"] == "True"
+    assert s["spec"]["operatingMode"] == "Running"  # CRD default
+    assert s["spec"]["shutdownPolicy"] == "Retain"
+
+    pod = kube.pod("sb1")
+    assert pod.metadata.labels["agents.x-k8s.io/sandbox-name-hash"] == h
+    assert pod.metadata.labels["app"] == "kernel"
+    assert pod.metadata.annotations["example.com/a"] == "b"
+    (ref,) = pod.metadata.owner_references
+    assert (ref.kind, ref.name, ref.uid, ref.controller) == ("Sandbox", "sb1", uid, True)
+    vols = {v.name: v for v in pod.spec.volumes or []}
+    assert vols["work"].persistent_volume_claim.claim_name == "work-sb1"
+
+    svc = kube.core.read_namespaced_service("sb1", kube.ns)
+    assert svc.spec.cluster_ip == "None"
+    assert svc.spec.selector == {"agents.x-k8s.io/sandbox-name-hash": h}
+    assert [(p.port, p.name) for p in svc.spec.ports] == [(8888, "p-8888-tcp")]
+    assert svc.metadata.owner_references[0].uid == uid
+
+    pvc = kube.core.read_namespaced_persistent_volume_claim("work-sb1", kube.ns)
+    assert pvc.metadata.owner_references[0].uid == uid
+    assert pvc.metadata.labels["agents.x-k8s.io/sandbox-name-hash"] == h
+
+    # volumeClaimTemplates are immutable (CEL rule in the CRD)
+    from kubernetes.client.rest import ApiException
+
+    with pytest.raises(ApiException) as ei:
+        kube.patch(SB, "sb1", {"spec": {"volumeClaimTemplates": []}})
+    assert ei.value.status == 422
+
+
+def test_suspend_keeps_pvc_and_service_resume_recreates_pod(kube, operator):
+    vct = {
+        "metadata": {"name": "work"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
+    }
+    kube.create(SB, sandbox_body("sus", service=True, volumeClaimTemplates=[vct]))
+    wait_for(lambda: is_ready(kube.get(SB, "sus")), 60, what="Ready")
+    uid1 = kube.pod("sus").metadata.uid
+
+    kube.patch(SB, "sus", {"spec": {"operatingMode": "Suspended"}})
+    s = wait_for(
+        lambda: (x := kube.get(SB, "sus")) and cond(x, "Suspended").get("status") == "True" and x,
+        60,
+        what="Suspended",
+    )
+    assert cond(s, "Ready")["reason"] == "SandboxSuspended"
+    assert "podIPs" not in s["status"] and "nodeName" not in s["status"]
+    wait_for(lambda: kube.pod("sus") is None, 30, what="pod gone")
+    assert kube.core.read_namespaced_service("sus", kube.ns)
+    assert kube.core.read_namespaced_persistent_volume_claim("work-sus", kube.ns)
+
+    kube.patch(SB, "sus", {"spec": {"operatingMode": "Running"}})
+    s = wait_for(lambda: (x := kube.get(SB, "sus")) and is_ready(x) and x, 60, what="Ready again")
+    assert cond(s, "Suspended")["reason"] == "NotSuspended"
+    pod = kube.pod("sus")
+    assert pod.metadata.uid != uid1
+    assert pod.spec.volumes[0].persistent_volume_claim.claim_name == "work-sus"
+
+
+@pytest.mark.parametrize("policy", ["Retain", "Delete"])
+def test_shutdown_time(kube, operator, policy):
+    when = (dt.datetime.now(dt.UTC) + dt.timedelta(seconds=4)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    kube.create(SB, sandbox_body("exp", service=True, shutdownTime=when, shutdownPolicy=policy))
+    wait_for(lambda: is_ready(kube.get(SB, "exp")), 60, what="Ready")
+    if policy == "Retain":
+        s = wait_for(
+            lambda: (
+                (x := kube.get(SB, "exp"))
+                and cond(x, "Ready").get("reason") == "SandboxExpired"
+                and x
+            ),
+            30,
+            what="expired",
+        )
+        assert "podIPs" not in s["status"]
+        wait_for(lambda: kube.pod("exp") is None, 30, what="pod deleted")
+        svcs = [s.metadata.name for s in kube.core.list_namespaced_service(kube.ns).items]
+        wait_for(
+            lambda: (
+                "exp"
+                not in [s.metadata.name for s in kube.core.list_namespaced_service(kube.ns).items]
+            ),
+            30,
+            what=f"service deleted {svcs}",
+        )
+        assert kube.get(SB, "exp") is not None
+    else:
+        wait_for(lambda: kube.get(SB, "exp") is None, 30, what="sandbox deleted")
+        wait_for(lambda: kube.pod("exp") is None, 30, what="pod garbage-collected")
+
+
+def test_foreign_pod_gets_condition_not_crash(kube, operator):
+    # a pod with the sandbox's name that someone else owns: clear reason + Event
+    kube.core.create_namespaced_pod(
+        kube.ns,
+        {"metadata": {"name": "taken"}, "spec": {"containers": [{"name": "c", "image": "x"}]}},
+    )
+    kube.create(SB, sandbox_body("taken"))
+    s = wait_for(
+        lambda: (
+            (x := kube.get(SB, "taken")) and cond(x, "Ready").get("reason") == "ChildConflict" and x
+        ),
+        30,
+        what="ChildConflict",
+    )
+    assert "cannot adopt unowned pod" in cond(s, "Ready")["message"]
+    wait_for(
+        lambda: any(e.reason == "ChildConflict" for e in kube.events("taken")), 30, what="Event"
+    )
+    assert operator.proc.poll() is None

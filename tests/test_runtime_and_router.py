@@ -1,0 +1,364 @@
+"""The runtime's command/file/kernel API and the router in front of it, over real sockets."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+from tornado import httpclient, web, websocket
+from tornado.httpserver import HTTPServer
+from tornado.netutil import bind_sockets
+
+from jupyter_sandbox.protocol import framing
+from jupyter_sandbox.protocol.messages import header, parent_msg_id
+from jupyter_sandbox.router.app import make_router_app
+from jupyter_sandbox.router.settings import RouterContext
+from jupyter_sandbox.router.tokens import Scope, TokenAuthority
+from jupyter_sandbox.router.upstreams import Upstream
+
+NS = "team-a"
+
+
+@pytest.fixture(scope="module")
+def runtime(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    base = tmp_path_factory.mktemp("runtime")
+    workspace = base / "workspace"
+    workspace.mkdir()
+    sock = base / "rt.sock"
+    log = open(base / "runtime.log", "wb")  # noqa: SIM115
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jupyter_sandbox.runtime", "--unix-socket", str(sock),
+         "--workspace", str(workspace), "--runtime-dir", str(base / "kernel"),
+         "--max-upload-bytes", str(8 * 1024 * 1024)],
+        stdout=log, stderr=log, env={**os.environ, "HOME": str(workspace)},
+    )
+    deadline = time.monotonic() + 60
+    while not sock.exists():
+        assert proc.poll() is None, (base / "runtime.log").read_text()
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    (base / "outside.txt").write_text("secret outside the workspace")
+    try:
+        yield {"socket": str(sock), "workspace": workspace, "base": base, "proc": proc}
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        log.close()
+
+
+@pytest.fixture
+async def router(runtime: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+    authority = TokenAuthority("test-secret-for-the-router-tests-0123456789")
+
+    class Echo(web.RequestHandler):
+        def get(self) -> None:
+            self.finish(dict(self.request.headers.get_all()))
+
+    echo = HTTPServer(web.Application([(r"/headers", Echo)]))
+    echo_sockets = bind_sockets(0, "127.0.0.1")
+    echo.add_sockets(echo_sockets)
+    echo_port = echo_sockets[0].getsockname()[1]
+
+    async def lookup(namespace: str, name: str, port: int) -> Upstream | None:
+        if namespace == NS and name == "box-a":
+            return Upstream(unix_socket=runtime["socket"])
+        if namespace == NS and name == "box-echo":
+            return Upstream(host="127.0.0.1", port=echo_port)
+        if namespace == NS and name == "box-dead":
+            return Upstream(unix_socket=str(runtime["base"] / "nobody-listens.sock"))
+        return None
+
+    ctx = RouterContext(lookup=lookup, authority=authority, default_namespace="default",
+                        max_ws_message=4 * 1024 * 1024)
+    server = HTTPServer(make_router_app(ctx), max_body_size=64 * 1024 * 1024)
+    sockets = bind_sockets(0, "127.0.0.1")
+    server.add_sockets(sockets)
+    url = f"http://127.0.0.1:{sockets[0].getsockname()[1]}"
+    try:
+        yield {"url": url, "authority": authority}
+    finally:
+        server.stop()
+        echo.stop()
+        ctx.http_client.close()
+
+
+def routed(router: dict[str, Any], name: str = "box-a", namespace: str = NS,
+           token: str | None = "auto") -> dict[str, str]:
+    if token == "auto":
+        token = router["authority"].issue(Scope(namespace, name))
+    headers = {"X-Sandbox-ID": name, "X-Sandbox-Namespace": namespace}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    return headers
+
+
+async def fetch(router: dict[str, Any], path: str, headers: dict[str, str], method: str = "GET",
+                body: Any = None, **kw: Any) -> httpclient.HTTPResponse:
+    client = httpclient.AsyncHTTPClient()
+    data = json.dumps(body).encode() if isinstance(body, dict) else body
+    return await client.fetch(router["url"] + path, method=method, headers=headers, body=data,
+                              raise_error=False, request_timeout=60, **kw)
+
+
+# -- the upstream-compatible command and file API -----------------------------------
+
+
+async def test_execute_runs_in_the_workspace(router: dict[str, Any]) -> None:
+    r = await fetch(router, "/execute", routed(router), "POST", {"command": "pwd"})
+    assert r.code == 200
+    body = json.loads(r.body)
+    assert body["exit_code"] == 0 and body["stdout"].strip().endswith("workspace")
+    r = await fetch(router, "/execute", routed(router), "POST",
+                    {"command": "sh -c 'echo err >&2; exit 3'"})
+    assert json.loads(r.body) == {"stdout": "", "stderr": "err\n", "exit_code": 3}
+
+
+async def test_execute_timeout_kills_the_command(router: dict[str, Any]) -> None:
+    started = time.monotonic()
+    r = await fetch(router, "/execute", routed(router), "POST",
+                    {"command": "sleep 30", "timeout": 1})
+    assert json.loads(r.body)["exit_code"] == 124
+    assert time.monotonic() - started < 10
+
+
+@pytest.mark.parametrize("body", [{}, {"command": ""}, {"command": 5}, {"command": "ls",
+                                                                         "timeout": -1}])
+async def test_execute_rejects_bad_input(router: dict[str, Any], body: dict[str, Any]) -> None:
+    r = await fetch(router, "/execute", routed(router), "POST", body)
+    assert r.code == 400
+
+
+async def test_file_round_trip_and_listing(router: dict[str, Any], runtime: dict[str, Any]) -> None:
+    boundary = uuid.uuid4().hex
+    payload = os.urandom(300_000)
+    body = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; "
+            f"filename=\"data/blob.bin\"\r\nContent-Type: application/octet-stream\r\n\r\n"
+            ).encode() + payload + f"\r\n--{boundary}--\r\n".encode()
+    headers = {**routed(router), "Content-Type": f"multipart/form-data; boundary={boundary}"}
+    r = await fetch(router, "/upload", headers, "POST", body)
+    assert r.code == 200, r.body
+    assert (runtime["workspace"] / "data" / "blob.bin").read_bytes() == payload
+    r = await fetch(router, "/download/data%2Fblob.bin", routed(router))
+    assert r.code == 200 and r.body == payload
+    r = await fetch(router, "/list/data", routed(router))
+    entries = json.loads(r.body)
+    assert entries[0]["name"] == "blob.bin" and entries[0]["size"] == len(payload)
+    assert entries[0]["type"] == "file"
+    r = await fetch(router, "/exists/data%2Fblob.bin", routed(router))
+    assert json.loads(r.body) == {"path": "data/blob.bin", "exists": True}
+    r = await fetch(router, "/exists/nope", routed(router))
+    assert json.loads(r.body)["exists"] is False
+
+
+@pytest.mark.parametrize("path,status", [
+    ("/download/..%2Foutside.txt", 403),
+    ("/download/%2Fetc%2Fpasswd", 404),  # absolute paths are taken relative to the workspace
+    ("/download/nothing-here", 404),
+    ("/list/..", 403),
+    ("/download/a%00b", 400),
+    ("/download/escape-link", 403),
+])
+async def test_file_api_is_confined(router: dict[str, Any], runtime: dict[str, Any],
+                                    path: str, status: int) -> None:
+    link = runtime["workspace"] / "escape-link"
+    if not link.is_symlink():
+        link.symlink_to(runtime["base"] / "outside.txt")
+    r = await fetch(router, path, routed(router))
+    assert r.code == status, (path, r.code, r.body)
+    assert b"secret outside" not in (r.body or b"")
+
+
+async def test_upload_outside_the_workspace_is_refused(router: dict[str, Any],
+                                                       runtime: dict[str, Any]) -> None:
+    boundary = "b0undary"
+    body = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; "
+            f"filename=\"../escaped.txt\"\r\n\r\nx\r\n--{boundary}--\r\n").encode()
+    headers = {**routed(router), "Content-Type": f"multipart/form-data; boundary={boundary}"}
+    r = await fetch(router, "/upload", headers, "POST", body)
+    assert r.code == 403
+    assert not (runtime["base"] / "escaped.txt").exists()
+
+
+async def test_oversized_upload_is_refused(router: dict[str, Any]) -> None:
+    body = (b"--zz\r\nContent-Disposition: form-data; name=\"file\"; filename=\"big\"\r\n\r\n"
+            + b"x" * (9 * 1024 * 1024) + b"\r\n--zz--\r\n")
+    headers = {**routed(router), "Content-Type": "multipart/form-data; boundary=zz"}
+    r = await fetch(router, "/upload", headers, "POST", body)
+    assert r.code == 413
+    ok = await fetch(router, "/execute", routed(router), "POST", {"command": "true"})
+    assert ok.code == 200, "the runtime must survive an oversized upload"
+
+
+# -- routing and authorization ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("headers,status", [
+    ({}, 400),
+    ({"X-Sandbox-ID": "Bad_Name"}, 400),
+    ({"X-Sandbox-ID": "box-a", "X-Sandbox-Namespace": "UPPER"}, 400),
+    ({"X-Sandbox-ID": "box-a", "X-Sandbox-Namespace": NS, "X-Sandbox-Port": "70000"}, 400),
+    ({"X-Sandbox-ID": "box-a", "X-Sandbox-Namespace": NS, "X-Sandbox-Port": "http"}, 400),
+    ({"X-Sandbox-ID": "box-a", "X-Sandbox-Namespace": NS, "X-Sandbox-Pod-IP": "127.0.0.1"}, 400),
+    ({"X-Sandbox-ID": "box-a", "X-Sandbox-Namespace": NS, "X-Sandbox-Pod-IP": "169.254.169.254"},
+     400),
+    ({"X-Sandbox-ID": "box-a", "X-Sandbox-Namespace": NS}, 401),
+])
+async def test_routing_header_validation(router: dict[str, Any], headers: dict[str, str],
+                                         status: int) -> None:
+    r = await fetch(router, "/", headers)
+    assert r.code == status, r.body
+
+
+async def test_a_token_reaches_only_its_own_sandbox(router: dict[str, Any]) -> None:
+    authority: TokenAuthority = router["authority"]
+    other = authority.issue(Scope(NS, "box-b"))
+    r = await fetch(router, "/", routed(router, token=other))
+    assert r.code == 403
+    wrong_ns = authority.issue(Scope("team-b", "box-a"))
+    r = await fetch(router, "/", routed(router, token=wrong_ns))
+    assert r.code == 403
+    expired = authority.issue(Scope(NS, "box-a"), ttl=-10)
+    r = await fetch(router, "/", routed(router, token=expired))
+    assert r.code == 403
+    forged = TokenAuthority("another-secret-that-is-long-enough-0123456789").issue(Scope(NS, "box-a"))
+    r = await fetch(router, "/", routed(router, token=forged))
+    assert r.code == 403
+    r = await fetch(router, "/", routed(router))
+    assert r.code == 200
+
+
+async def test_unknown_and_unreachable_sandboxes(router: dict[str, Any]) -> None:
+    r = await fetch(router, "/", routed(router, name="nobody"))
+    assert r.code == 404
+    r = await fetch(router, "/", routed(router, name="box-dead"))
+    assert r.code == 502
+
+
+async def test_routing_and_authorization_headers_are_not_forwarded(
+    router: dict[str, Any]
+) -> None:
+    r = await fetch(router, "/headers", {
+        **routed(router, name="box-echo"), "X-Extra": "kept", "Connection": "keep-alive, X-Hop",
+        "X-Hop": "dropped", "X-Sandbox-Port": "8888", "Proxy-Authorization": "Basic eA==",
+    })
+    assert r.code == 200, r.body
+    seen = {k.lower(): v for k, v in json.loads(r.body).items()}
+    assert seen["x-extra"] == "kept"
+    for name in ("authorization", "x-sandbox-id", "x-sandbox-namespace", "x-sandbox-port",
+                 "x-hop", "proxy-authorization"):
+        assert name not in seen, name
+    router_netloc = router["url"].split("://", 1)[1]
+    assert seen.get("host") != router_netloc, "the caller's Host must not be forwarded"
+
+
+# -- the kernel WebSocket through the router --------------------------------------------
+
+
+def kernel_message(msg_type: str, content: dict[str, Any]) -> tuple[str, list[bytes]]:
+    msg_id = uuid.uuid4().hex
+    head = {"msg_id": msg_id, "msg_type": msg_type, "username": "t", "session": "s",
+            "date": "2026-01-01T00:00:00Z", "version": "5.3"}
+    return msg_id, [json.dumps(head).encode(), b"{}", b"{}", json.dumps(content).encode()]
+
+
+async def connect_channels(router: dict[str, Any], last: str | None = None
+                           ) -> websocket.WebSocketClientConnection:
+    url = router["url"].replace("http", "ws") + "/api/kernel/channels"
+    if last:
+        url += f"?last={last}"
+    request = httpclient.HTTPRequest(url, headers=routed(router))
+    return await websocket.websocket_connect(
+        request, subprotocols=[framing.SUBPROTOCOL], max_message_size=64 * 1024 * 1024
+    )
+
+
+async def collect_until_idle(ws: websocket.WebSocketClientConnection, msg_id: str,
+                             timeout: float = 60) -> list[tuple[str, list[bytes]]]:
+    seen: list[tuple[str, list[bytes]]] = []
+    reply = idle = False
+    while not (reply and idle):
+        raw = await asyncio.wait_for(ws.read_message(), timeout)
+        assert isinstance(raw, bytes), raw
+        channel, parts = framing.decode(raw)
+        if channel == framing.EVENT_CHANNEL:
+            continue
+        seen.append((channel, parts))
+        if parent_msg_id(parts) != msg_id:
+            continue
+        if channel == "shell":
+            reply = True
+        if channel == "iopub" and b'"idle"' in parts[3]:
+            idle = True
+    return seen
+
+
+async def test_kernel_channels_relay_binary_frames(router: dict[str, Any]) -> None:
+    ws = await connect_channels(router)
+    try:
+        assert ws.selected_subprotocol == framing.SUBPROTOCOL
+        first = framing.decode(await asyncio.wait_for(ws.read_message(), 10))  # type: ignore[arg-type]
+        assert first[0] == framing.EVENT_CHANNEL
+        assert json.loads(first[1][0])["kernel"]["alive"] is True
+        code = ("from comm import create_comm\n"
+                "c = create_comm(target_name='t', buffers=[bytes(range(256)) * 4096])\nprint('ok')")
+        msg_id, parts = kernel_message("execute_request", {"code": code, "silent": False})
+        ws.write_message(framing.encode("shell", parts), binary=True)
+        seen = await collect_until_idle(ws, msg_id)
+        comm = [p for c, p in seen if c == "iopub" and header(p)["msg_type"] == "comm_open"]
+        assert comm and comm[0][4] == bytes(range(256)) * 4096, "buffer must arrive intact"
+        assert any(c == "iopub" and b'"ok\\n"' in p[3] for c, p in seen)
+    finally:
+        ws.close()
+
+
+async def test_output_while_disconnected_is_replayed(router: dict[str, Any]) -> None:
+    ws = await connect_channels(router)
+    await asyncio.wait_for(ws.read_message(), 10)
+    msg_id, parts = kernel_message("execute_request", {
+        "code": "import time\nfor i in range(5):\n    print('line', i, flush=True)\n"
+                "    time.sleep(0.3)", "silent": False})
+    ws.write_message(framing.encode("shell", parts), binary=True)
+    last = None
+    while last is None:
+        channel, got = framing.decode(await asyncio.wait_for(ws.read_message(), 30))  # type: ignore[arg-type]
+        if channel == "iopub" and b"line 0" in got[3]:
+            last = header(got)["msg_id"]
+    ws.close()
+    await asyncio.sleep(2.5)  # the cell finishes while nobody is connected
+    ws = await connect_channels(router, last=last)
+    try:
+        seen = await collect_until_idle(ws, msg_id)
+        lines = [json.loads(p[3])["text"] for c, p in seen
+                 if c == "iopub" and header(p)["msg_type"] == "stream"]
+        assert "".join(lines) == "".join(f"line {i}\n" for i in range(1, 5))
+    finally:
+        ws.close()
+
+
+async def test_oversized_websocket_message_closes_with_1009(router: dict[str, Any]) -> None:
+    ws = await connect_channels(router)
+    try:
+        await asyncio.wait_for(ws.read_message(), 10)
+        _, parts = kernel_message("execute_request", {"code": "x" * (5 * 1024 * 1024)})
+        ws.write_message(framing.encode("shell", parts), binary=True)
+        while await asyncio.wait_for(ws.read_message(), 10) is not None:
+            pass
+        assert ws.close_code == 1009
+    finally:
+        ws.close()
+
+
+async def test_websocket_to_unreachable_sandbox_is_502(router: dict[str, Any]) -> None:
+    url = router["url"].replace("http", "ws") + "/api/kernel/channels"
+    request = httpclient.HTTPRequest(url, headers=routed(router, name="box-dead"))
+    with pytest.raises(httpclient.HTTPClientError) as err:
+        await websocket.websocket_connect(request, subprotocols=[framing.SUBPROTOCOL])
+    assert err.value.code == 502
