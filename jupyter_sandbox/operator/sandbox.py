@@ -574,23 +574,20 @@ class SandboxReconciler:
                 raise
 
     async def _expire(self, sb: dict, status: dict, old_status: dict) -> Result | None:
+        """shutdownTime reached: Pod and Service go; the policy decides the Sandbox."""
         op = self.op
         ns, name = sb["metadata"]["namespace"], sb["metadata"]["name"]
         gen = sb["metadata"].get("generation")
         ready = get_condition(sb, "Ready")
-        if ready is None or ready.get("reason") != "SandboxExpired":
-            conds = set_condition(
-                list(status.get("conditions") or []),
-                "Ready",
-                "False",
-                "SandboxExpired",
-                "Sandbox has expired",
-                gen,
-            )
-            status["conditions"] = remove_condition(conds, "PodScheduled")
-            await self._write_status(sb, old_status, status)
+        first = ready is None or ready.get("reason") != "SandboxExpired"
+        conds = list(status.get("conditions") or [])
+        conds = set_condition(conds, "Ready", "False", "SandboxExpired", "Sandbox has expired", gen)
+        conds = remove_condition(conds, "PodScheduled")
+        # live fields are cleared in the same write that marks the expiry
+        await self._write_status(sb, old_status, {"conditions": conds})
+        if first:
             await op.events.record(
-                sb, "Normal", "SandboxExpired", "shutdownTime reached; deleting Pod and Service"
+                sb, "Normal", "SandboxExpired", "shutdownTime reached; Pod and Service deleted"
             )
         for res, cache, cname in ((POD, op.pods, self._pod_name(sb)), (SERVICE, op.services, name)):
             child = cache.get(ns, cname)
@@ -606,9 +603,4 @@ class SandboxReconciler:
             except ApiError as e:
                 if not (e.not_found or e.conflict):
                     raise
-            return None
-        conds = [c for c in (sb.get("status") or {}).get("conditions") or []]
-        conds = set_condition(conds, "Ready", "False", "SandboxExpired", "Sandbox has expired", gen)
-        conds = remove_condition(conds, "PodScheduled")
-        await self._write_status(sb, sb.get("status") or {}, {"conditions": conds})
         return None

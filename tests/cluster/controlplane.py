@@ -262,7 +262,8 @@ class ControlPlane:
                 f"--cert-dir={d / 'kcm-certs'}",
                 f"--service-account-private-key-file={pki / 'sa.key'}",
                 f"--root-ca-file={pki / 'ca.crt'}",
-                "--controllers=garbagecollector,namespace,serviceaccount,serviceaccount-token",
+                "--controllers=garbagecollector,namespace,serviceaccount,serviceaccount-token,"
+                "persistentvolume-binder",
                 "--concurrent-gc-syncs=50",
                 "--kube-api-qps=200",
                 "--kube-api-burst=400",
@@ -470,6 +471,17 @@ class ControlPlane:
             code, body = self.request("POST", "/api/v1/nodes", node)
             if code not in (201, 409):
                 raise RuntimeError(f"creating node {name}: {code} {body}")
+            # admission taints new nodes node.kubernetes.io/not-ready; the node
+            # lifecycle controller would lift it once kwok reports Ready, but we
+            # do not run that controller (it would also evict), so lift it here
+            code, body = self.request(
+                "PATCH",
+                f"/api/v1/nodes/{name}",
+                {"spec": {"taints": None}},
+                content_type="application/merge-patch+json",
+            )
+            if code != 200:
+                raise RuntimeError(f"untainting node {name}: {code} {body}")
 
 
 def write_state(cp: ControlPlane, state_file: Path) -> None:

@@ -149,6 +149,35 @@ def kube(api_client, kube_cluster) -> Iterator[Kube]:
         pass
 
 
+@pytest.fixture
+def make_pv(kube) -> Iterator[Callable[[], str]]:
+    """Pre-provisioned PersistentVolumes so PVCs bind (no dynamic provisioner here)."""
+    made: list[str] = []
+
+    def make(size: str = "1Gi") -> str:
+        name = f"pv-{kube.ns}-{len(made)}"
+        kube.core.create_persistent_volume(
+            {
+                "metadata": {"name": name},
+                "spec": {
+                    "capacity": {"storage": size},
+                    "accessModes": ["ReadWriteOnce"],
+                    "persistentVolumeReclaimPolicy": "Retain",
+                    "hostPath": {"path": f"/tmp/{name}"},
+                },
+            }
+        )
+        made.append(name)
+        return name
+
+    yield make
+    for name in made:
+        try:
+            kube.core.delete_persistent_volume(name)
+        except Exception:
+            pass
+
+
 @dataclass
 class OperatorProc:
     kubeconfig: Path

@@ -27,7 +27,8 @@ def test_name_hash_matches_upstream_vectors():
     assert name_hash("foobar") == "bf9cf968"
 
 
-def test_children_shape_ownership_and_ready(kube, operator):
+def test_children_shape_ownership_and_ready(kube, operator, make_pv):
+    make_pv()
     vct = {
         "metadata": {"name": "work"},
         "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
@@ -75,7 +76,8 @@ def test_children_shape_ownership_and_ready(kube, operator):
     assert ei.value.status == 422
 
 
-def test_suspend_keeps_pvc_and_service_resume_recreates_pod(kube, operator):
+def test_suspend_keeps_pvc_and_service_resume_recreates_pod(kube, operator, make_pv):
+    make_pv()
     vct = {
         "metadata": {"name": "work"},
         "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
