@@ -78,6 +78,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--cluster-domain", default="cluster.local")
     p.add_argument(
+        "--warm-pool-replenish-delay",
+        type=float,
+        default=0.0,
+        help="seconds to hold pool refill after members are adopted; re-armed while the pool "
+        "keeps draining (0: refill at once)",
+    )
+    p.add_argument(
         "--router-namespace",
         default="agent-sandbox-system",
         help="namespace of the router pods (NetworkPolicy ingress)",
@@ -116,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         retry_period=args.retry_period,
         metrics_bind_address=args.metrics_bind_address,
         cluster_domain=args.cluster_domain,
+        warm_pool_replenish_delay=args.warm_pool_replenish_delay,
         router_namespace=args.router_namespace,
         router_labels=_labels(args.router_pod_labels),
     )

@@ -42,6 +42,7 @@ class Options:
     retry_period: float = 2.0
     metrics_bind_address: str = "127.0.0.1:8080"  # "0" disables
     cluster_domain: str = "cluster.local"
+    warm_pool_replenish_delay: float = 0.0
     router_namespace: str = "agent-sandbox-system"
     router_labels: dict[str, str] = field(default_factory=lambda: {"app": "sandbox-router"})
 
@@ -60,6 +61,7 @@ class Operator:
     def __init__(self, opts: Options) -> None:
         self.opts = opts
         self.cluster_domain = opts.cluster_domain
+        self.replenish_delay = opts.warm_pool_replenish_delay
         self.router_namespace = opts.router_namespace
         self.router_labels = opts.router_labels
         self.stop = asyncio.Event()

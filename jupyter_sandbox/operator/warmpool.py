@@ -108,6 +108,28 @@ class WarmPoolReconciler:
         self.op = op
         # sandboxes we asked to delete, until the informer drops them: uid -> time
         self._deleting: dict[str, float] = {}
+        # replenish hold (upstream --sandbox-warm-pool-replenish-delay): pool key ->
+        # [member count at last look, no refill before this time]
+        self._hold: dict[Key, list[float]] = {}
+
+    def _replenish_hold(self, key: Key, current: int, desired: int, now: float) -> float:
+        """Seconds to defer refill: re-armed on every drop below the last count,
+        so a burst draining the pool is not raced by its own replacements."""
+        delay = self.op.replenish_delay
+        if delay <= 0:
+            return 0.0
+        st = self._hold.get(key)
+        if st is None:
+            self._hold[key] = [current, 0.0]
+            return 0.0
+        dropped = current < st[0]
+        st[0] = current
+        if current >= desired:
+            st[1] = 0.0
+            return 0.0
+        if dropped:
+            st[1] = now + delay
+        return max(0.0, st[1] - now)
 
     async def reconcile(self, key: Key) -> Result | None:
         op = self.op
@@ -189,6 +211,15 @@ class WarmPoolReconciler:
 
         deficit = min(desired - (len(active) + terminating), MAX_BATCH)
         created: list[dict] = []
+        hold = self._replenish_hold(key, len(active), desired, now)
+        if deficit > 0 and hold > 0:
+            await self._status(
+                pool,
+                active,
+                gen,
+                ("True", "ReplenishDeferred", "refill deferred while the pool drains"),
+            )
+            return Result(requeue_after=hold)
         if deficit > 0:
             body = build_pool_sandbox(pool, template)
             sem = asyncio.Semaphore(CREATE_CONCURRENCY)
@@ -203,6 +234,8 @@ class WarmPoolReconciler:
 
             errors += await self._gather([create_one() for _ in range(deficit)])
         active += created
+        if key in self._hold:
+            self._hold[key][0] += len(created)
         await self._status(
             pool,
             active,
