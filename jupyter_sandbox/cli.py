@@ -1,4 +1,4 @@
-"""``jupyter-sandbox``: run JupyterLab with sandboxed kernels, manage pools, claims and kernelspecs."""
+"""``jupyter-sandbox``: JupyterLab with sandboxed kernels; pools, claims and kernelspecs."""
 
 from __future__ import annotations
 
@@ -19,8 +19,9 @@ def _run(coro: Coroutine[Any, Any, int]) -> int:
     try:
         return asyncio.run(coro)
     except ClaimError as exc:
-        print(f"error: {exc.message}" + (f"\nhint: {exc.hint}" if exc.hint else ""),
-              file=sys.stderr)
+        print(
+            f"error: {exc.message}" + (f"\nhint: {exc.hint}" if exc.hint else ""), file=sys.stderr
+        )
         return 2
 
 
@@ -50,15 +51,22 @@ def cmd_lab(args: argparse.Namespace) -> int:
         for pool in pools:
             install_kernelspec(pool.name, display_name=pool.display_name or None)
         if info.get("isolation") == "none":
-            print(f"WARNING: sandboxes are not isolated: {info.get('isolation_detail')}",
-                  file=sys.stderr)
+            print(
+                f"WARNING: sandboxes are not isolated: {info.get('isolation_detail')}",
+                file=sys.stderr,
+            )
         await plane.close()
         return 0
 
     if _run(prepare()) != 0:
         return 2
-    argv = [sys.executable, "-m", "jupyterlab",
-            f"--ServerApp.kernel_manager_class={MANAGER_CLASS}", *args.lab_args]
+    argv = [
+        sys.executable,
+        "-m",
+        "jupyterlab",
+        f"--ServerApp.kernel_manager_class={MANAGER_CLASS}",
+        *args.lab_args,
+    ]
     os.execv(sys.executable, argv)
     return 0  # not reached
 
@@ -76,8 +84,13 @@ def cmd_install_kernelspec(args: argparse.Namespace) -> int:
         options["router_url"] = args.router_url
     try:
         path = install_kernelspec(
-            args.pool, backend=args.backend, display_name=args.display_name,
-            backend_options=options or None, user=args.user, prefix=args.prefix, name=args.name,
+            args.pool,
+            backend=args.backend,
+            display_name=args.display_name,
+            backend_options=options or None,
+            user=args.user,
+            prefix=args.prefix,
+            name=args.name,
         )
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -95,8 +108,13 @@ def cmd_pool(args: argparse.Namespace) -> int:
         try:
             if args.pool_cmd == "list":
                 pools = [p.to_json() for p in await plane.list_pools()]
-                _print(pools, args.json, lambda rows: _table(
-                    rows, ["name", "replicas", "ready", "starting", "claimed", "isolation"]))
+                _print(
+                    pools,
+                    args.json,
+                    lambda rows: _table(
+                        rows, ["name", "replicas", "ready", "starting", "claimed", "isolation"]
+                    ),
+                )
             elif args.pool_cmd == "create":
                 spec: dict[str, Any] = {"replicas": args.replicas, "network": not args.no_network}
                 if args.memory_mb:
@@ -132,8 +150,13 @@ def cmd_claims(args: argparse.Namespace) -> int:
                 claims = [c.to_json() for c in await plane.list_claims()]
                 for claim in claims:
                     claim.pop("endpoint", None)
-                _print(claims, args.json, lambda rows: _table(
-                    rows, ["name", "pool", "phase", "sandbox", "warm", "isolation"]))
+                _print(
+                    claims,
+                    args.json,
+                    lambda rows: _table(
+                        rows, ["name", "pool", "phase", "sandbox", "warm", "isolation"]
+                    ),
+                )
             elif args.claims_cmd == "release":
                 await plane.release(args.name)
                 print(f"claim {args.name} released")
@@ -234,8 +257,11 @@ def build_parser() -> argparse.ArgumentParser:
     create.add_argument("--no-network", action="store_true")
     create.add_argument("--memory-mb", type=int)
     create.add_argument("--display-name")
-    create.add_argument("--keep-workspace", action="store_true",
-                        help="keep a claim's workspace directory after it is released")
+    create.add_argument(
+        "--keep-workspace",
+        action="store_true",
+        help="keep a claim's workspace directory after it is released",
+    )
     create.add_argument("--kernelspec", action="store_true", help="also install its kernelspec")
     delete = pool_sub.add_parser("delete")
     delete.add_argument("name")
@@ -258,9 +284,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("daemon_args", nargs=argparse.REMAINDER)
     daemon.set_defaults(func=cmd_daemon)
 
-    for name, text in (("operator", "run the Kubernetes operator"),
-                       ("router", "run the standalone router"),
-                       ("runtime", "run the in-sandbox runtime server")):
+    for name, text in (
+        ("operator", "run the Kubernetes operator"),
+        ("router", "run the standalone router"),
+        ("runtime", "run the in-sandbox runtime server"),
+    ):
         passthrough = sub.add_parser(name, help=text, add_help=False)
         passthrough.add_argument("rest", nargs=argparse.REMAINDER)
         passthrough.set_defaults(func=cmd_passthrough)

@@ -62,8 +62,9 @@ def install_kernelspec(
     name: str | None = None,
 ) -> str:
     """Write the kernelspec (with the sandbox logo) and return where it went."""
-    spec = make_kernelspec(pool, backend=backend, display_name=display_name,
-                           backend_options=backend_options)
+    spec = make_kernelspec(
+        pool, backend=backend, display_name=display_name, backend_options=backend_options
+    )
     name = name or kernelspec_name(pool, backend)
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp) / name

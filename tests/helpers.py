@@ -38,13 +38,23 @@ class Server:
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"token {self.token}"}
 
-    async def request(self, method: str, path: str, body: Any = None,
-                      expect: int | None = None, timeout: float = 120) -> Any:
+    async def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        expect: int | None = None,
+        timeout: float = 120,
+    ) -> Any:
         client = httpclient.AsyncHTTPClient()
         response = await client.fetch(
-            f"{self.url}{path}", method=method, headers=self.headers(),
+            f"{self.url}{path}",
+            method=method,
+            headers=self.headers(),
             body=json.dumps(body) if body is not None else (b"" if method == "POST" else None),
-            raise_error=False, request_timeout=timeout, allow_nonstandard_methods=True,
+            raise_error=False,
+            request_timeout=timeout,
+            allow_nonstandard_methods=True,
         )
         if expect is not None:
             assert response.code == expect, (response.code, response.body)
@@ -57,20 +67,33 @@ class Server:
 
 
 @contextmanager
-def jupyter_server(tmp_path: Path, *extra: str, env: dict[str, str] | None = None
-                   ) -> Iterator[Server]:
+def jupyter_server(
+    tmp_path: Path, *extra: str, env: dict[str, str] | None = None
+) -> Iterator[Server]:
     port = free_port()
     token = uuid.uuid4().hex
     root = tmp_path / "notebooks"
     root.mkdir(exist_ok=True)
     log = tmp_path / f"server-{port}.log"
-    handle = open(log, "wb")  # noqa: SIM115
+    handle = open(log, "wb")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "jupyter_server", "--no-browser", f"--port={port}",
-         "--ServerApp.ip=127.0.0.1", f"--IdentityProvider.token={token}",
-         f"--ServerApp.root_dir={root}", f"--ServerApp.kernel_manager_class={MANAGER}",
-         "--ServerApp.open_browser=False", "--allow-root", *extra],
-        stdout=handle, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
+        [
+            sys.executable,
+            "-m",
+            "jupyter_server",
+            "--no-browser",
+            f"--port={port}",
+            "--ServerApp.ip=127.0.0.1",
+            f"--IdentityProvider.token={token}",
+            f"--ServerApp.root_dir={root}",
+            f"--ServerApp.kernel_manager_class={MANAGER}",
+            "--ServerApp.open_browser=False",
+            "--allow-root",
+            *extra,
+        ],
+        stdout=handle,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, **(env or {})},
     )
     handle.close()
     server = Server(f"http://127.0.0.1:{port}", token, proc, root, log)
@@ -82,7 +105,8 @@ def jupyter_server(tmp_path: Path, *extra: str, env: dict[str, str] | None = Non
                     break
             except OSError:
                 if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("jupyter server did not start:\n" + server.log_text())
+                    message = "jupyter server did not start:\n" + server.log_text()
+                    raise RuntimeError(message) from None
                 time.sleep(0.1)
         yield server
     finally:
@@ -104,8 +128,11 @@ class ExecResult:
 
     @property
     def stdout(self) -> str:
-        return "".join(o["content"]["text"] for o in self.outputs
-                       if o["msg_type"] == "stream" and o["content"]["name"] == "stdout")
+        return "".join(
+            o["content"]["text"]
+            for o in self.outputs
+            if o["msg_type"] == "stream" and o["content"]["name"] == "stdout"
+        )
 
 
 class KernelSocket:
@@ -135,9 +162,18 @@ class KernelSocket:
         assert self.ws is not None
         msg_id = uuid.uuid4().hex
         msg = {
-            "header": {"msg_id": msg_id, "msg_type": msg_type, "username": "test",
-                       "session": self.session, "version": "5.3", "date": ""},
-            "parent_header": {}, "metadata": {}, "content": content, "channel": channel,
+            "header": {
+                "msg_id": msg_id,
+                "msg_type": msg_type,
+                "username": "test",
+                "session": self.session,
+                "version": "5.3",
+                "date": "",
+            },
+            "parent_header": {},
+            "metadata": {},
+            "content": content,
+            "channel": channel,
             "buffers": [],
         }
         self.ws.write_message(json.dumps(msg))
@@ -159,12 +195,21 @@ class KernelSocket:
         self.seen.append(msg)
         return msg  # type: ignore[no-any-return]
 
-    async def execute(self, code: str, *, timeout: float = 120,
-                      stdin: list[str] | None = None) -> ExecResult:
-        msg_id = self.send("shell", "execute_request", {
-            "code": code, "silent": False, "store_history": True,
-            "user_expressions": {}, "allow_stdin": stdin is not None, "stop_on_error": True,
-        })
+    async def execute(
+        self, code: str, *, timeout: float = 120, stdin: list[str] | None = None
+    ) -> ExecResult:
+        msg_id = self.send(
+            "shell",
+            "execute_request",
+            {
+                "code": code,
+                "silent": False,
+                "store_history": True,
+                "user_expressions": {},
+                "allow_stdin": stdin is not None,
+                "stop_on_error": True,
+            },
+        )
         result = ExecResult(status="")
         idle = False
         deadline = time.monotonic() + timeout

@@ -27,13 +27,19 @@ class _PythonKernelTests(jkt.KernelTests):
     invalid_code_samples = ["import = 7q"]
     code_page_something = "zip?"
     code_generate_error = "raise ValueError('boom')"
-    code_execute_result = [{"code": "1+2+3", "result": "6"},
-                           {"code": "[n*n for n in range(1, 4)]", "result": "[1, 4, 9]"}]
+    code_execute_result = [
+        {"code": "1+2+3", "result": "6"},
+        {"code": "[n*n for n in range(1, 4)]", "result": "[1, 4, 9]"},
+    ]
     code_display_data = [
-        {"code": "from IPython.display import HTML, display; display(HTML('<b>test</b>'))",
-         "mime": "text/html"},
-        {"code": "from IPython.display import Math, display; display(Math('\\\\frac{1}{2}'))",
-         "mime": "text/latex"},
+        {
+            "code": "from IPython.display import HTML, display; display(HTML('<b>test</b>'))",
+            "mime": "text/html",
+        },
+        {
+            "code": "from IPython.display import Math, display; display(Math('\\\\frac{1}{2}'))",
+            "mime": "text/latex",
+        },
     ]
     code_history_pattern = "1?2*"
     # "range" is left out: plain ipykernel 7 itself fails it under jupyter_kernel_test 0.7
@@ -57,8 +63,11 @@ class _PythonKernelTests(jkt.KernelTests):
             msg = self.kc.get_iopub_msg(timeout=10)
             if msg["msg_type"] == "stream":
                 outputs.append(msg["content"]["text"])
-            if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle" \
-                    and msg["parent_header"].get("msg_id") == msg_id:
+            if (
+                msg["msg_type"] == "status"
+                and msg["content"]["execution_state"] == "idle"
+                and msg["parent_header"].get("msg_id") == msg_id
+            ):
                 break
         assert "hi sandbox\n" in "".join(outputs)
 
@@ -83,7 +92,7 @@ class TestSandboxKernel(_PythonKernelTests):
 
     def test_runs_inside_the_sandbox(self) -> None:
         self.flush_channels()
-        reply, outputs = self.execute_helper(
+        _, outputs = self.execute_helper(
             "import os; print(os.environ.get('JUPYTER_SANDBOX_NAME', 'not-in-a-sandbox'))"
         )
         text = "".join(o["content"].get("text", "") for o in outputs)

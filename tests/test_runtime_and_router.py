@@ -33,12 +33,24 @@ def runtime(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
     workspace = base / "workspace"
     workspace.mkdir()
     sock = base / "rt.sock"
-    log = open(base / "runtime.log", "wb")  # noqa: SIM115
+    log = open(base / "runtime.log", "wb")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "jupyter_sandbox.runtime", "--unix-socket", str(sock),
-         "--workspace", str(workspace), "--runtime-dir", str(base / "kernel"),
-         "--max-upload-bytes", str(8 * 1024 * 1024)],
-        stdout=log, stderr=log, env={**os.environ, "HOME": str(workspace)},
+        [
+            sys.executable,
+            "-m",
+            "jupyter_sandbox.runtime",
+            "--unix-socket",
+            str(sock),
+            "--workspace",
+            str(workspace),
+            "--runtime-dir",
+            str(base / "kernel"),
+            "--max-upload-bytes",
+            str(8 * 1024 * 1024),
+        ],
+        stdout=log,
+        stderr=log,
+        env={**os.environ, "HOME": str(workspace)},
     )
     deadline = time.monotonic() + 60
     while not sock.exists():
@@ -76,8 +88,12 @@ async def router(runtime: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
             return Upstream(unix_socket=str(runtime["base"] / "nobody-listens.sock"))
         return None
 
-    ctx = RouterContext(lookup=lookup, authority=authority, default_namespace="default",
-                        max_ws_message=4 * 1024 * 1024)
+    ctx = RouterContext(
+        lookup=lookup,
+        authority=authority,
+        default_namespace="default",
+        max_ws_message=4 * 1024 * 1024,
+    )
     server = HTTPServer(make_router_app(ctx), max_body_size=64 * 1024 * 1024)
     sockets = bind_sockets(0, "127.0.0.1")
     server.add_sockets(sockets)
@@ -90,8 +106,9 @@ async def router(runtime: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         ctx.http_client.close()
 
 
-def routed(router: dict[str, Any], name: str = "box-a", namespace: str = NS,
-           token: str | None = "auto") -> dict[str, str]:
+def routed(
+    router: dict[str, Any], name: str = "box-a", namespace: str = NS, token: str | None = "auto"
+) -> dict[str, str]:
     if token == "auto":
         token = router["authority"].issue(Scope(namespace, name))
     headers = {"X-Sandbox-ID": name, "X-Sandbox-Namespace": namespace}
@@ -100,12 +117,25 @@ def routed(router: dict[str, Any], name: str = "box-a", namespace: str = NS,
     return headers
 
 
-async def fetch(router: dict[str, Any], path: str, headers: dict[str, str], method: str = "GET",
-                body: Any = None, **kw: Any) -> httpclient.HTTPResponse:
+async def fetch(
+    router: dict[str, Any],
+    path: str,
+    headers: dict[str, str],
+    method: str = "GET",
+    body: Any = None,
+    **kw: Any,
+) -> httpclient.HTTPResponse:
     client = httpclient.AsyncHTTPClient()
     data = json.dumps(body).encode() if isinstance(body, dict) else body
-    return await client.fetch(router["url"] + path, method=method, headers=headers, body=data,
-                              raise_error=False, request_timeout=60, **kw)
+    return await client.fetch(
+        router["url"] + path,
+        method=method,
+        headers=headers,
+        body=data,
+        raise_error=False,
+        request_timeout=60,
+        **kw,
+    )
 
 
 # -- the upstream-compatible command and file API -----------------------------------
@@ -116,21 +146,24 @@ async def test_execute_runs_in_the_workspace(router: dict[str, Any]) -> None:
     assert r.code == 200
     body = json.loads(r.body)
     assert body["exit_code"] == 0 and body["stdout"].strip().endswith("workspace")
-    r = await fetch(router, "/execute", routed(router), "POST",
-                    {"command": "sh -c 'echo err >&2; exit 3'"})
+    r = await fetch(
+        router, "/execute", routed(router), "POST", {"command": "sh -c 'echo err >&2; exit 3'"}
+    )
     assert json.loads(r.body) == {"stdout": "", "stderr": "err\n", "exit_code": 3}
 
 
 async def test_execute_timeout_kills_the_command(router: dict[str, Any]) -> None:
     started = time.monotonic()
-    r = await fetch(router, "/execute", routed(router), "POST",
-                    {"command": "sleep 30", "timeout": 1})
+    r = await fetch(
+        router, "/execute", routed(router), "POST", {"command": "sleep 30", "timeout": 1}
+    )
     assert json.loads(r.body)["exit_code"] == 124
     assert time.monotonic() - started < 10
 
 
-@pytest.mark.parametrize("body", [{}, {"command": ""}, {"command": 5}, {"command": "ls",
-                                                                         "timeout": -1}])
+@pytest.mark.parametrize(
+    "body", [{}, {"command": ""}, {"command": 5}, {"command": "ls", "timeout": -1}]
+)
 async def test_execute_rejects_bad_input(router: dict[str, Any], body: dict[str, Any]) -> None:
     r = await fetch(router, "/execute", routed(router), "POST", body)
     assert r.code == 400
@@ -139,9 +172,14 @@ async def test_execute_rejects_bad_input(router: dict[str, Any], body: dict[str,
 async def test_file_round_trip_and_listing(router: dict[str, Any], runtime: dict[str, Any]) -> None:
     boundary = uuid.uuid4().hex
     payload = os.urandom(300_000)
-    body = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; "
-            f"filename=\"data/blob.bin\"\r\nContent-Type: application/octet-stream\r\n\r\n"
-            ).encode() + payload + f"\r\n--{boundary}--\r\n".encode()
+    body = (
+        (
+            f'--{boundary}\r\nContent-Disposition: form-data; name="file"; '
+            f'filename="data/blob.bin"\r\nContent-Type: application/octet-stream\r\n\r\n'
+        ).encode()
+        + payload
+        + f"\r\n--{boundary}--\r\n".encode()
+    )
     headers = {**routed(router), "Content-Type": f"multipart/form-data; boundary={boundary}"}
     r = await fetch(router, "/upload", headers, "POST", body)
     assert r.code == 200, r.body
@@ -158,16 +196,20 @@ async def test_file_round_trip_and_listing(router: dict[str, Any], runtime: dict
     assert json.loads(r.body)["exists"] is False
 
 
-@pytest.mark.parametrize("path,status", [
-    ("/download/..%2Foutside.txt", 403),
-    ("/download/%2Fetc%2Fpasswd", 404),  # absolute paths are taken relative to the workspace
-    ("/download/nothing-here", 404),
-    ("/list/..", 403),
-    ("/download/a%00b", 400),
-    ("/download/escape-link", 403),
-])
-async def test_file_api_is_confined(router: dict[str, Any], runtime: dict[str, Any],
-                                    path: str, status: int) -> None:
+@pytest.mark.parametrize(
+    "path,status",
+    [
+        ("/download/..%2Foutside.txt", 403),
+        ("/download/%2Fetc%2Fpasswd", 404),  # absolute paths are taken relative to the workspace
+        ("/download/nothing-here", 404),
+        ("/list/..", 403),
+        ("/download/a%00b", 400),
+        ("/download/escape-link", 403),
+    ],
+)
+async def test_file_api_is_confined(
+    router: dict[str, Any], runtime: dict[str, Any], path: str, status: int
+) -> None:
     link = runtime["workspace"] / "escape-link"
     if not link.is_symlink():
         link.symlink_to(runtime["base"] / "outside.txt")
@@ -176,11 +218,14 @@ async def test_file_api_is_confined(router: dict[str, Any], runtime: dict[str, A
     assert b"secret outside" not in (r.body or b"")
 
 
-async def test_upload_outside_the_workspace_is_refused(router: dict[str, Any],
-                                                       runtime: dict[str, Any]) -> None:
+async def test_upload_outside_the_workspace_is_refused(
+    router: dict[str, Any], runtime: dict[str, Any]
+) -> None:
     boundary = "b0undary"
-    body = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; "
-            f"filename=\"../escaped.txt\"\r\n\r\nx\r\n--{boundary}--\r\n").encode()
+    body = (
+        f'--{boundary}\r\nContent-Disposition: form-data; name="file"; '
+        f'filename="../escaped.txt"\r\n\r\nx\r\n--{boundary}--\r\n'
+    ).encode()
     headers = {**routed(router), "Content-Type": f"multipart/form-data; boundary={boundary}"}
     r = await fetch(router, "/upload", headers, "POST", body)
     assert r.code == 403
@@ -188,8 +233,11 @@ async def test_upload_outside_the_workspace_is_refused(router: dict[str, Any],
 
 
 async def test_oversized_upload_is_refused(router: dict[str, Any]) -> None:
-    body = (b"--zz\r\nContent-Disposition: form-data; name=\"file\"; filename=\"big\"\r\n\r\n"
-            + b"x" * (9 * 1024 * 1024) + b"\r\n--zz--\r\n")
+    body = (
+        b'--zz\r\nContent-Disposition: form-data; name="file"; filename="big"\r\n\r\n'
+        + b"x" * (9 * 1024 * 1024)
+        + b"\r\n--zz--\r\n"
+    )
     headers = {**routed(router), "Content-Type": "multipart/form-data; boundary=zz"}
     r = await fetch(router, "/upload", headers, "POST", body)
     assert r.code == 413
@@ -200,19 +248,32 @@ async def test_oversized_upload_is_refused(router: dict[str, Any]) -> None:
 # -- routing and authorization ---------------------------------------------------------
 
 
-@pytest.mark.parametrize("headers,status", [
-    ({}, 400),
-    ({"X-Sandbox-ID": "Bad_Name"}, 400),
-    ({"X-Sandbox-ID": "box-a", "X-Sandbox-Namespace": "UPPER"}, 400),
-    ({"X-Sandbox-ID": "box-a", "X-Sandbox-Namespace": NS, "X-Sandbox-Port": "70000"}, 400),
-    ({"X-Sandbox-ID": "box-a", "X-Sandbox-Namespace": NS, "X-Sandbox-Port": "http"}, 400),
-    ({"X-Sandbox-ID": "box-a", "X-Sandbox-Namespace": NS, "X-Sandbox-Pod-IP": "127.0.0.1"}, 400),
-    ({"X-Sandbox-ID": "box-a", "X-Sandbox-Namespace": NS, "X-Sandbox-Pod-IP": "169.254.169.254"},
-     400),
-    ({"X-Sandbox-ID": "box-a", "X-Sandbox-Namespace": NS}, 401),
-])
-async def test_routing_header_validation(router: dict[str, Any], headers: dict[str, str],
-                                         status: int) -> None:
+@pytest.mark.parametrize(
+    "headers,status",
+    [
+        ({}, 400),
+        ({"X-Sandbox-ID": "Bad_Name"}, 400),
+        ({"X-Sandbox-ID": "box-a", "X-Sandbox-Namespace": "UPPER"}, 400),
+        ({"X-Sandbox-ID": "box-a", "X-Sandbox-Namespace": NS, "X-Sandbox-Port": "70000"}, 400),
+        ({"X-Sandbox-ID": "box-a", "X-Sandbox-Namespace": NS, "X-Sandbox-Port": "http"}, 400),
+        (
+            {"X-Sandbox-ID": "box-a", "X-Sandbox-Namespace": NS, "X-Sandbox-Pod-IP": "127.0.0.1"},
+            400,
+        ),
+        (
+            {
+                "X-Sandbox-ID": "box-a",
+                "X-Sandbox-Namespace": NS,
+                "X-Sandbox-Pod-IP": "169.254.169.254",
+            },
+            400,
+        ),
+        ({"X-Sandbox-ID": "box-a", "X-Sandbox-Namespace": NS}, 401),
+    ],
+)
+async def test_routing_header_validation(
+    router: dict[str, Any], headers: dict[str, str], status: int
+) -> None:
     r = await fetch(router, "/", headers)
     assert r.code == status, r.body
 
@@ -228,7 +289,9 @@ async def test_a_token_reaches_only_its_own_sandbox(router: dict[str, Any]) -> N
     expired = authority.issue(Scope(NS, "box-a"), ttl=-10)
     r = await fetch(router, "/", routed(router, token=expired))
     assert r.code == 403
-    forged = TokenAuthority("another-secret-that-is-long-enough-0123456789").issue(Scope(NS, "box-a"))
+    forged = TokenAuthority("another-secret-that-is-long-enough-0123456789").issue(
+        Scope(NS, "box-a")
+    )
     r = await fetch(router, "/", routed(router, token=forged))
     assert r.code == 403
     r = await fetch(router, "/", routed(router))
@@ -242,18 +305,30 @@ async def test_unknown_and_unreachable_sandboxes(router: dict[str, Any]) -> None
     assert r.code == 502
 
 
-async def test_routing_and_authorization_headers_are_not_forwarded(
-    router: dict[str, Any]
-) -> None:
-    r = await fetch(router, "/headers", {
-        **routed(router, name="box-echo"), "X-Extra": "kept", "Connection": "keep-alive, X-Hop",
-        "X-Hop": "dropped", "X-Sandbox-Port": "8888", "Proxy-Authorization": "Basic eA==",
-    })
+async def test_routing_and_authorization_headers_are_not_forwarded(router: dict[str, Any]) -> None:
+    r = await fetch(
+        router,
+        "/headers",
+        {
+            **routed(router, name="box-echo"),
+            "X-Extra": "kept",
+            "Connection": "keep-alive, X-Hop",
+            "X-Hop": "dropped",
+            "X-Sandbox-Port": "8888",
+            "Proxy-Authorization": "Basic eA==",
+        },
+    )
     assert r.code == 200, r.body
     seen = {k.lower(): v for k, v in json.loads(r.body).items()}
     assert seen["x-extra"] == "kept"
-    for name in ("authorization", "x-sandbox-id", "x-sandbox-namespace", "x-sandbox-port",
-                 "x-hop", "proxy-authorization"):
+    for name in (
+        "authorization",
+        "x-sandbox-id",
+        "x-sandbox-namespace",
+        "x-sandbox-port",
+        "x-hop",
+        "proxy-authorization",
+    ):
         assert name not in seen, name
     router_netloc = router["url"].split("://", 1)[1]
     assert seen.get("host") != router_netloc, "the caller's Host must not be forwarded"
@@ -264,13 +339,20 @@ async def test_routing_and_authorization_headers_are_not_forwarded(
 
 def kernel_message(msg_type: str, content: dict[str, Any]) -> tuple[str, list[bytes]]:
     msg_id = uuid.uuid4().hex
-    head = {"msg_id": msg_id, "msg_type": msg_type, "username": "t", "session": "s",
-            "date": "2026-01-01T00:00:00Z", "version": "5.3"}
+    head = {
+        "msg_id": msg_id,
+        "msg_type": msg_type,
+        "username": "t",
+        "session": "s",
+        "date": "2026-01-01T00:00:00Z",
+        "version": "5.3",
+    }
     return msg_id, [json.dumps(head).encode(), b"{}", b"{}", json.dumps(content).encode()]
 
 
-async def connect_channels(router: dict[str, Any], last: str | None = None
-                           ) -> websocket.WebSocketClientConnection:
+async def connect_channels(
+    router: dict[str, Any], last: str | None = None
+) -> websocket.WebSocketClientConnection:
     url = router["url"].replace("http", "ws") + "/api/kernel/channels"
     if last:
         url += f"?last={last}"
@@ -280,8 +362,9 @@ async def connect_channels(router: dict[str, Any], last: str | None = None
     )
 
 
-async def collect_until_idle(ws: websocket.WebSocketClientConnection, msg_id: str,
-                             timeout: float = 60) -> list[tuple[str, list[bytes]]]:
+async def collect_until_idle(
+    ws: websocket.WebSocketClientConnection, msg_id: str, timeout: float = 60
+) -> list[tuple[str, list[bytes]]]:
     seen: list[tuple[str, list[bytes]]] = []
     reply = idle = False
     while not (reply and idle):
@@ -307,8 +390,10 @@ async def test_kernel_channels_relay_binary_frames(router: dict[str, Any]) -> No
         first = framing.decode(await asyncio.wait_for(ws.read_message(), 10))  # type: ignore[arg-type]
         assert first[0] == framing.EVENT_CHANNEL
         assert json.loads(first[1][0])["kernel"]["alive"] is True
-        code = ("from comm import create_comm\n"
-                "c = create_comm(target_name='t', buffers=[bytes(range(256)) * 4096])\nprint('ok')")
+        code = (
+            "from comm import create_comm\n"
+            "c = create_comm(target_name='t', buffers=[bytes(range(256)) * 4096])\nprint('ok')"
+        )
         msg_id, parts = kernel_message("execute_request", {"code": code, "silent": False})
         ws.write_message(framing.encode("shell", parts), binary=True)
         seen = await collect_until_idle(ws, msg_id)
@@ -322,9 +407,14 @@ async def test_kernel_channels_relay_binary_frames(router: dict[str, Any]) -> No
 async def test_output_while_disconnected_is_replayed(router: dict[str, Any]) -> None:
     ws = await connect_channels(router)
     await asyncio.wait_for(ws.read_message(), 10)
-    msg_id, parts = kernel_message("execute_request", {
-        "code": "import time\nfor i in range(5):\n    print('line', i, flush=True)\n"
-                "    time.sleep(0.3)", "silent": False})
+    msg_id, parts = kernel_message(
+        "execute_request",
+        {
+            "code": "import time\nfor i in range(5):\n    print('line', i, flush=True)\n"
+            "    time.sleep(0.3)",
+            "silent": False,
+        },
+    )
     ws.write_message(framing.encode("shell", parts), binary=True)
     last = None
     while last is None:
@@ -336,8 +426,11 @@ async def test_output_while_disconnected_is_replayed(router: dict[str, Any]) -> 
     ws = await connect_channels(router, last=last)
     try:
         seen = await collect_until_idle(ws, msg_id)
-        lines = [json.loads(p[3])["text"] for c, p in seen
-                 if c == "iopub" and header(p)["msg_type"] == "stream"]
+        lines = [
+            json.loads(p[3])["text"]
+            for c, p in seen
+            if c == "iopub" and header(p)["msg_type"] == "stream"
+        ]
         assert "".join(lines) == "".join(f"line {i}\n" for i in range(1, 5))
     finally:
         ws.close()

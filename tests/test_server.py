@@ -34,21 +34,26 @@ async def test_execute_rich_output_stdin_buffers(tmp_path: Path) -> None:
             result = await ws.execute("import os; print(os.getcwd()); 6 * 7")
             assert result.status == "ok"
             assert result.stdout.strip() in ("/workspace", claims[0].workspace)
-            assert any(o["msg_type"] == "execute_result"
-                       and o["content"]["data"]["text/plain"] == "42" for o in result.outputs)
+            assert any(
+                o["msg_type"] == "execute_result" and o["content"]["data"]["text/plain"] == "42"
+                for o in result.outputs
+            )
 
-            html = await ws.execute("from IPython.display import HTML, display\n"
-                                    "display(HTML('<b>bold</b>'))")
+            html = await ws.execute(
+                "from IPython.display import HTML, display\ndisplay(HTML('<b>bold</b>'))"
+            )
             assert html.outputs[0]["content"]["data"]["text/html"] == "<b>bold</b>"
 
-            asked = await ws.execute("name = input('who? ')\nprint('hello', name)",
-                                     stdin=["sandbox"])
+            asked = await ws.execute(
+                "name = input('who? ')\nprint('hello', name)", stdin=["sandbox"]
+            )
             assert "hello sandbox" in asked.stdout
 
             # A comm message carrying binary buffers, as widgets send.
             comm = await ws.execute(
                 "from comm import create_comm\n"
-                "c = create_comm(target_name='t', data={'k': 1}, buffers=[b'\\x00\\x01\\xff' * 1000])"
+                "c = create_comm(target_name='t', data={'k': 1},\n"
+                "                buffers=[b'\\x00\\x01\\xff' * 1000])"
             )
             assert comm.status == "ok"
             opened = [m for m in ws.seen if m["header"]["msg_type"] == "comm_open"]
@@ -126,11 +131,16 @@ async def test_cull_suspends_and_next_execute_resumes(tmp_path: Path) -> None:
 
         ws = await KernelSocket(server, kernel_id).connect()
         try:
-            result = await ws.execute("print(open('kept.txt').read(), 'y' in globals())",
-                                      timeout=120)
+            result = await ws.execute(
+                "print(open('kept.txt').read(), 'y' in globals())", timeout=120
+            )
             assert result.stdout.strip() == "still here False"
-            restarting = [m for m in ws.seen if m["header"]["msg_type"] == "status"
-                          and m["content"]["execution_state"] == "restarting"]
+            restarting = [
+                m
+                for m in ws.seen
+                if m["header"]["msg_type"] == "status"
+                and m["content"]["execution_state"] == "restarting"
+            ]
             assert restarting, "the frontend must be told the kernel is new"
         finally:
             ws.close()

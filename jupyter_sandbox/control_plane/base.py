@@ -70,8 +70,15 @@ class BackendUnavailable(ClaimError):
 
 ERRORS: dict[str, type[ClaimError]] = {
     cls.reason: cls
-    for cls in (ClaimError, PoolNotFound, ClaimNotFound, ClaimTimeout, QuotaExceeded,
-                InvalidRequest, BackendUnavailable)
+    for cls in (
+        ClaimError,
+        PoolNotFound,
+        ClaimNotFound,
+        ClaimTimeout,
+        QuotaExceeded,
+        InvalidRequest,
+        BackendUnavailable,
+    )
 }
 
 
@@ -198,5 +205,5 @@ class ControlPlane(abc.ABC):
     async def list_pools(self) -> list[PoolStatus]:
         """Pools with their warm and target counts."""
 
-    async def close(self) -> None:
+    async def close(self) -> None:  # noqa: B027 - optional hook, nothing to release by default
         """Release client resources (not the claims)."""

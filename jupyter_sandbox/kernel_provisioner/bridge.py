@@ -86,8 +86,13 @@ class Bridge:
         """Bind the five kernel sockets on random loopback ports (once)."""
         if self.ports:
             return self.ports
-        kinds = {"shell": zmq.ROUTER, "control": zmq.ROUTER, "stdin": zmq.ROUTER,
-                 "iopub": zmq.PUB, "hb": zmq.ROUTER}
+        kinds = {
+            "shell": zmq.ROUTER,
+            "control": zmq.ROUTER,
+            "stdin": zmq.ROUTER,
+            "iopub": zmq.PUB,
+            "hb": zmq.ROUTER,
+        }
         for channel, kind in kinds.items():
             sock = self._ctx.socket(kind)
             sock.setsockopt(zmq.LINGER, 0)
@@ -154,17 +159,28 @@ class Bridge:
     def publish_status(self, state: str) -> None:
         """Tell every iopub subscriber the kernel's execution state (synthesized)."""
         now = time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime())
-        head = {"msg_id": uuid.uuid4().hex, "msg_type": "status", "username": "sandbox",
-                "session": self.session_id, "date": now, "version": "5.3"}
-        parts = [json.dumps(head).encode(), b"{}", b"{}",
-                 json.dumps({"execution_state": state}).encode()]
+        head = {
+            "msg_id": uuid.uuid4().hex,
+            "msg_type": "status",
+            "username": "sandbox",
+            "session": self.session_id,
+            "date": now,
+            "version": "5.3",
+        }
+        parts = [
+            json.dumps(head).encode(),
+            b"{}",
+            b"{}",
+            json.dumps({"execution_state": state}).encode(),
+        ]
         self._send_iopub(parts)
 
     def _send_iopub(self, parts: list[bytes]) -> None:
         sock = self._sockets.get("iopub")
         if sock is not None:
-            sock.send_multipart([b"kernel.status", DELIM, sign(self.key, parts), *parts],
-                                copy=False)
+            sock.send_multipart(
+                [b"kernel.status", DELIM, sign(self.key, parts), *parts], copy=False
+            )
 
     # -- WebSocket side ---------------------------------------------------
 
@@ -218,8 +234,9 @@ class Bridge:
                 return
             except Exception as exc:  # refused, 404/502 from the router, DNS, timeouts
                 failures += 1
-                log.info("bridge connect to %s failed (%s); retry in %.2fs", endpoint.name,
-                         exc, delay)
+                log.info(
+                    "bridge connect to %s failed (%s); retry in %.2fs", endpoint.name, exc, delay
+                )
                 if failures % 5 == 0:
                     await self._on_disconnected(failures)
                 await asyncio.sleep(delay)

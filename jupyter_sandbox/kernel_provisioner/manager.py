@@ -20,9 +20,10 @@ from .provisioner import SandboxProvisioner
 
 class SandboxKernelManager(AsyncMappingKernelManager):  # type: ignore[misc]
     suspend_on_cull = Bool(
-        True, config=True,
+        True,
+        config=True,
         help="Suspend idle sandboxed kernels (keep workspace and session) instead of "
-             "shutting them down when the culler finds them idle.",
+        "shutting them down when the culler finds them idle.",
     )
 
     def __init__(self, **kwargs: Any) -> None:
@@ -49,16 +50,20 @@ class SandboxKernelManager(AsyncMappingKernelManager):  # type: ignore[misc]
         finally:
             self._culling.discard(kernel_id)
 
-    async def shutdown_kernel(self, kernel_id: str, now: bool = False,
-                              restart: bool = False) -> None:
+    async def shutdown_kernel(
+        self, kernel_id: str, now: bool = False, restart: bool = False
+    ) -> None:
         if kernel_id in self._culling and self.suspend_on_cull and not restart:
             kernel = self._kernels.get(kernel_id)
             provisioner = self.sandbox_provisioner(kernel_id)
             if provisioner is not None and getattr(kernel, "execution_state", "") != "dead":
                 session = provisioner.session
                 if session is not None and not session.suspended:
-                    self.log.info("Suspending idle sandboxed kernel %s (claim %s)", kernel_id,
-                                  session.claim_name)
+                    self.log.info(
+                        "Suspending idle sandboxed kernel %s (claim %s)",
+                        kernel_id,
+                        session.claim_name,
+                    )
                     await provisioner.suspend()
                 return
         await super().shutdown_kernel(kernel_id, now=now, restart=restart)

@@ -41,11 +41,16 @@ def current_user() -> str:
 class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
     pool = Unicode("default", config=True, help="Warm pool to claim sandboxes from.")
     backend = Unicode("local", config=True, help="Control plane: 'local' or 'kubernetes'.")
-    backend_options = Dict(config=True, help="Options for the backend (namespace, router_url, ...).")
+    backend_options = Dict(
+        config=True, help="Options for the backend (namespace, router_url, ...)."
+    )
     claim_timeout = Float(120.0, config=True, help="Seconds to wait for a claimed sandbox.")
-    env_allowlist = List(Unicode(), config=True,
-                         help="Server environment variables passed into the sandbox. "
-                              "Any makes the claim cold-start.")
+    env_allowlist = List(
+        Unicode(),
+        config=True,
+        help="Server environment variables passed into the sandbox. "
+        "Any makes the claim cold-start.",
+    )
     release_on_shutdown = Bool(True, config=True)
 
     _session: SandboxSession | None = None
@@ -163,8 +168,13 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
 
     async def get_provisioner_info(self) -> dict[str, Any]:
         info: dict[str, Any] = await super().get_provisioner_info()
-        info.update({"pool": self.pool, "backend": self.backend,
-                     "claim": self._session.claim_name if self._session else None})
+        info.update(
+            {
+                "pool": self.pool,
+                "backend": self.backend,
+                "claim": self._session.claim_name if self._session else None,
+            }
+        )
         return info
 
 

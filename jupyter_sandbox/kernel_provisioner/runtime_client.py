@@ -28,13 +28,16 @@ def _http() -> httpclient.AsyncHTTPClient:
     return _client
 
 
-async def call(endpoint: Endpoint, method: str, path: str, body: Any = None,
-               timeout: float = 60.0) -> dict[str, Any]:
+async def call(
+    endpoint: Endpoint, method: str, path: str, body: Any = None, timeout: float = 60.0
+) -> dict[str, Any]:
     request = httpclient.HTTPRequest(
-        endpoint.url(path), method=method, headers={**endpoint.headers(),
-                                                    "Content-Type": "application/json"},
+        endpoint.url(path),
+        method=method,
+        headers={**endpoint.headers(), "Content-Type": "application/json"},
         body=json.dumps(body if body is not None else {}) if method == "POST" else None,
-        request_timeout=timeout, connect_timeout=10,
+        request_timeout=timeout,
+        connect_timeout=10,
     )
     try:
         response = await _http().fetch(request, raise_error=False)

@@ -66,6 +66,7 @@ class SandboxSession:
         self.kernel: dict[str, Any] = {}
         self._kernel_changed = asyncio.Event()
         self._resuming: asyncio.Task[None] | None = None
+        self._resume_waiter: asyncio.Task[None] | None = None
         self.bridge = Bridge(
             key=key,
             on_kernel_state=self._on_kernel_state,
@@ -79,9 +80,14 @@ class SandboxSession:
         """Claim a sandbox (or re-attach to ``claim_name``) and connect the bridge."""
         self.progress.set("claiming", f"claiming a sandbox from pool {self.pool!r}")
         if self.claim_name is None:
-            status = await self.plane.claim(ClaimRequest(
-                pool=self.pool, labels=self.labels, env=self.env, owner_pid=self.owner_pid,
-            ))
+            status = await self.plane.claim(
+                ClaimRequest(
+                    pool=self.pool,
+                    labels=self.labels,
+                    env=self.env,
+                    owner_pid=self.owner_pid,
+                )
+            )
             self.claim_name = status.name
             self.progress.warm = status.warm
             if status.phase != Phase.READY:
@@ -130,8 +136,9 @@ class SandboxSession:
                 self.exit_code = None
         elif identity != self.expected:
             if self.exit_code is None:
-                log.warning("sandbox %s runs a different kernel now: the old one is gone",
-                            self.claim_name)
+                log.warning(
+                    "sandbox %s runs a different kernel now: the old one is gone", self.claim_name
+                )
                 self.exit_code = DEAD_UNKNOWN
         elif not alive and self.exit_code is None:
             code = kernel.get("exit_code")
@@ -148,8 +155,11 @@ class SandboxSession:
         except Exception:
             return
         if status is None or status.phase == Phase.FAILED:
-            log.warning("claim %s is %s: reporting the kernel dead", self.claim_name,
-                        "gone" if status is None else "failed")
+            log.warning(
+                "claim %s is %s: reporting the kernel dead",
+                self.claim_name,
+                "gone" if status is None else "failed",
+            )
             if self.exit_code is None:
                 self.exit_code = DEAD_UNKNOWN
                 self.bridge.kernel_alive = False
@@ -171,8 +181,9 @@ class SandboxSession:
         assert self.endpoint is not None
         info = await call(self.endpoint, "POST", "api/kernel/start", timeout=120)
         kernel = info.get("kernel", {})
-        self.expected = KernelIdentity(str(info.get("runtime_id")),
-                                       int(kernel.get("generation", 0)))
+        self.expected = KernelIdentity(
+            str(info.get("runtime_id")), int(kernel.get("generation", 0))
+        )
         self.exit_code = None
         self.bridge.kernel_alive = True
         self.kernel = kernel
@@ -242,7 +253,8 @@ class SandboxSession:
         if head.get("msg_type") == "shutdown_request":
             self.exit_code = 0
             return False
-        asyncio.create_task(self._resume_logged())
+        if self._resuming is None or self._resuming.done():
+            self._resume_waiter = asyncio.create_task(self._resume_logged())
         return True
 
     async def _resume_logged(self) -> None:
@@ -275,8 +287,11 @@ class SandboxSession:
             "isolation_detail": status.isolation_detail if status else None,
             "workspace": status.workspace if status else None,
             "warm": self.progress.warm,
-            "progress": {"step": self.progress.step, "detail": self.progress.detail,
-                         "since": self.progress.since},
+            "progress": {
+                "step": self.progress.step,
+                "detail": self.progress.detail,
+                "since": self.progress.since,
+            },
             "suspended": self.suspended,
             "connected": self.bridge.connected,
             "kernel": self.kernel,

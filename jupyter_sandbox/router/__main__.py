@@ -26,12 +26,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="jupyter-sandbox router")
     parser.add_argument("--port", type=int, default=int(os.environ.get("ROUTER_PORT", "8080")))
     parser.add_argument("--address", default="0.0.0.0")
-    parser.add_argument("--cluster-domain", default=os.environ.get("CLUSTER_DOMAIN",
-                                                                   "cluster.local"))
+    parser.add_argument(
+        "--cluster-domain", default=os.environ.get("CLUSTER_DOMAIN", "cluster.local")
+    )
     parser.add_argument("--default-namespace", default="default")
-    parser.add_argument("--token-secret-file", default=os.environ.get("ROUTER_TOKEN_SECRET_FILE"),
-                        help="secret for scoped sandbox tokens; without it the router "
-                             "admits every caller (upstream's in-cluster behaviour)")
+    parser.add_argument(
+        "--token-secret-file",
+        default=os.environ.get("ROUTER_TOKEN_SECRET_FILE"),
+        help="secret for scoped sandbox tokens; without it the router "
+        "admits every caller (upstream's in-cluster behaviour)",
+    )
     return parser.parse_args(argv)
 
 
@@ -44,12 +48,17 @@ async def serve(args: argparse.Namespace) -> None:
     async def lookup(namespace: str, name: str, port: int) -> Upstream | None:
         return Upstream(host=f"{name}.{namespace}.svc.{args.cluster_domain}", port=port)
 
-    ctx = RouterContext(lookup=lookup, authority=authority,
-                        default_namespace=args.default_namespace)
+    ctx = RouterContext(
+        lookup=lookup, authority=authority, default_namespace=args.default_namespace
+    )
     server = HTTPServer(make_router_app(ctx), max_body_size=1 << 34)
     server.listen(args.port, address=args.address)
-    logging.getLogger(__name__).info("router on %s:%s (auth: %s)", args.address, args.port,
-                                     "scoped tokens" if authority else "none")
+    logging.getLogger(__name__).info(
+        "router on %s:%s (auth: %s)",
+        args.address,
+        args.port,
+        "scoped tokens" if authority else "none",
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -26,7 +26,9 @@ class _Refused(Exception):
         self.message = message
 
 
-async def route_request(ctx: RouterContext, request: httputil.HTTPServerRequest) -> tuple[Route, Upstream]:
+async def route_request(
+    ctx: RouterContext, request: httputil.HTTPServerRequest
+) -> tuple[Route, Upstream]:
     """Validate, authorize and resolve a request, or raise _Refused with its status."""
     try:
         route = parse_route(request.headers, ctx.default_namespace)
@@ -139,13 +141,18 @@ class HTTPProxyHandler(web.RequestHandler):
             error = response.error
         except Exception as exc:  # the upstream closed or reset mid-exchange
             error = exc
-        if self._status is None or (error is not None and not isinstance(error, httpclient.HTTPError)):
+        if self._status is None or (
+            error is not None and not isinstance(error, httpclient.HTTPError)
+        ):
             if not self._headers_sent:
                 if isinstance(error, HTTPTimeoutError):
                     _send_error(self, 504, "the sandbox did not answer in time")
                 else:
-                    reason = "sandbox unreachable" if not isinstance(error, HTTPStreamClosedError) \
+                    reason = (
+                        "sandbox unreachable"
+                        if not isinstance(error, HTTPStreamClosedError)
                         else "the sandbox closed the connection"
+                    )
                     _send_error(self, 502, reason)
                 return
         self._start_response()
@@ -195,7 +202,8 @@ class WebSocketProxyHandler(websocket.WebSocketHandler):
             _send_error(self, exc.status, exc.message)
             return
         requested = [
-            p.strip() for p in self.request.headers.get("Sec-WebSocket-Protocol", "").split(",")
+            p.strip()
+            for p in self.request.headers.get("Sec-WebSocket-Protocol", "").split(",")
             if p.strip()
         ]
         req = httpclient.HTTPRequest(
@@ -214,7 +222,7 @@ class WebSocketProxyHandler(websocket.WebSocketHandler):
         except httpclient.HTTPClientError as exc:
             _send_error(self, 502, f"sandbox refused the WebSocket ({exc.code})")
             return
-        except (OSError, asyncio.TimeoutError, websocket.WebSocketError):
+        except (TimeoutError, OSError, websocket.WebSocketError):
             _send_error(self, 502, "sandbox unreachable")
             return
         await super().get(*args, **kwargs)

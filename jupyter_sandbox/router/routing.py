@@ -12,16 +12,35 @@ DEFAULT_PORT = 8888
 DNS_LABEL = re.compile(r"^[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?$")
 
 ROUTING_HEADERS = frozenset(
-    {"x-sandbox-id", "x-sandbox-namespace", "x-sandbox-port", "x-sandbox-pod-ip",
-     "x-sandbox-timeout"}
+    {
+        "x-sandbox-id",
+        "x-sandbox-namespace",
+        "x-sandbox-port",
+        "x-sandbox-pod-ip",
+        "x-sandbox-timeout",
+    }
 )
 HOP_BY_HOP = frozenset(
-    {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
-     "trailer", "trailers", "transfer-encoding", "upgrade"}
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "trailers",
+        "transfer-encoding",
+        "upgrade",
+    }
 )
 WEBSOCKET_HANDSHAKE = frozenset(
-    {"sec-websocket-key", "sec-websocket-version", "sec-websocket-extensions",
-     "sec-websocket-protocol", "sec-websocket-accept"}
+    {
+        "sec-websocket-key",
+        "sec-websocket-version",
+        "sec-websocket-extensions",
+        "sec-websocket-protocol",
+        "sec-websocket-accept",
+    }
 )
 
 

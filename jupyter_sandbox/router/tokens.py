@@ -61,7 +61,10 @@ class TokenAuthority:
             raise TokenRefused(401, "a sandbox token is required (Authorization: Bearer ...)")
         try:
             claims = jwt.decode(
-                token, self._secret, algorithms=[ALGORITHM], issuer=ISSUER,
+                token,
+                self._secret,
+                algorithms=[ALGORITHM],
+                issuer=ISSUER,
                 options={"require": ["exp", "ns", "sbx"]},
             )
         except jwt.ExpiredSignatureError:

@@ -30,8 +30,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--kernel-name", default="python3")
     parser.add_argument("--no-kernel", action="store_true", help="do not pre-start the kernel")
     parser.add_argument("--max-upload-bytes", type=int, default=DEFAULT_MAX_BODY)
-    parser.add_argument("--ready-fd", type=int, default=None,
-                        help="write one JSON line to this fd when the kernel is ready")
+    parser.add_argument(
+        "--ready-fd",
+        type=int,
+        default=None,
+        help="write one JSON line to this fd when the kernel is ready",
+    )
     return parser.parse_args(argv)
 
 
@@ -76,7 +80,8 @@ async def serve(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(
-        level=logging.INFO, stream=sys.stderr,
+        level=logging.INFO,
+        stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
     )
     asyncio.run(serve(args))

@@ -11,8 +11,12 @@ DEFAULT_MAX_BODY = 1024 * 1024 * 1024
 DEFAULT_MAX_WS_MESSAGE = 512 * 1024 * 1024
 
 
-def make_app(state: RuntimeState, *, max_ws_message: int = DEFAULT_MAX_WS_MESSAGE,
-             max_upload_bytes: int = DEFAULT_MAX_BODY) -> web.Application:
+def make_app(
+    state: RuntimeState,
+    *,
+    max_ws_message: int = DEFAULT_MAX_WS_MESSAGE,
+    max_upload_bytes: int = DEFAULT_MAX_BODY,
+) -> web.Application:
     return web.Application(
         [
             (r"/", handlers.HealthHandler),

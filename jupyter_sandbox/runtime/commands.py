@@ -50,9 +50,7 @@ def _kill_group(proc: asyncio.subprocess.Process) -> None:
         pass
 
 
-async def run(
-    argv: list[str], *, cwd: str, env: dict[str, str], timeout: float
-) -> CommandResult:
+async def run(argv: list[str], *, cwd: str, env: dict[str, str], timeout: float) -> CommandResult:
     try:
         proc = await _spawn(argv, cwd, env)
     except (FileNotFoundError, PermissionError) as exc:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import os
@@ -15,8 +14,8 @@ from ..protocol import framing
 from . import commands
 from .kernel_host import KernelNotRunning
 from .paths import PathInvalid, PathRefused, confine
-from .upload import StreamingUpload
 from .state import RuntimeState
+from .upload import StreamingUpload
 
 log = logging.getLogger(__name__)
 
@@ -156,12 +155,13 @@ class ExecuteHandler(BaseHandler):
         result = await commands.run(
             argv, cwd=self.runtime.workspace, env=self.runtime.command_env, timeout=timeout
         )
-        self.finish({"stdout": result.stdout, "stderr": result.stderr,
-                     "exit_code": result.exit_code})
+        self.finish(
+            {"stdout": result.stdout, "stderr": result.stderr, "exit_code": result.exit_code}
+        )
 
 
 class ExecuteStreamHandler(BaseHandler):
-    """Newline-delimited JSON: {"stdout": "..."} / {"stderr": "..."} chunks, then {"exit_code": n}."""
+    """Newline-delimited JSON: {"stdout": ...} and {"stderr": ...} chunks, then {"exit_code": n}."""
 
     async def post(self) -> None:
         body = self.json_body()
@@ -174,7 +174,9 @@ class ExecuteStreamHandler(BaseHandler):
             raise web.HTTPError(400, f"cannot parse command: {exc}") from None
         self.set_header("Content-Type", "application/x-ndjson")
         async for kind, value in commands.stream(
-            argv, cwd=self.runtime.workspace, env=self.runtime.command_env,
+            argv,
+            cwd=self.runtime.workspace,
+            env=self.runtime.command_env,
             timeout=_timeout(body.get("timeout")),
         ):
             if kind == "exit":
@@ -214,8 +216,9 @@ class UploadHandler(BaseHandler):
             self.refused = web.HTTPError(413, f"upload larger than {limit} bytes")
             return
         try:
-            self.upload = StreamingUpload(self.runtime.workspace,
-                                          self.request.headers.get("Content-Type", ""), limit)
+            self.upload = StreamingUpload(
+                self.runtime.workspace, self.request.headers.get("Content-Type", ""), limit
+            )
         except web.HTTPError as exc:
             self.refused = exc
 
@@ -265,12 +268,14 @@ class ListHandler(BaseHandler):
                     stats = entry.stat(follow_symlinks=False)
                 except OSError:
                     continue
-                entries.append({
-                    "name": entry.name,
-                    "size": stats.st_size,
-                    "type": "directory" if entry.is_dir(follow_symlinks=False) else "file",
-                    "mod_time": stats.st_mtime,
-                })
+                entries.append(
+                    {
+                        "name": entry.name,
+                        "size": stats.st_size,
+                        "type": "directory" if entry.is_dir(follow_symlinks=False) else "file",
+                        "mod_time": stats.st_mtime,
+                    }
+                )
         self.set_header("Content-Type", "application/json")
         self.finish(json.dumps(entries))
 

@@ -104,7 +104,9 @@ class ChannelHub:
         else:
             parent = parent_msg_id(parts)
             owner = self._requests.get(parent) if parent else None
-            targets = [owner] if owner is not None and owner in self._clients else list(self._clients)
+            targets = (
+                [owner] if owner is not None and owner in self._clients else list(self._clients)
+            )
         self._remember(msg_id, frame, delivered=bool(targets))
         for client in targets:
             client.send_frame(frame)

@@ -177,8 +177,10 @@ class KernelHost:
             sock = self._ctx.socket(zmq.DEALER)
             # shell and stdin share an identity: ipykernel routes input_request
             # to the identity that sent the execute_request.
-            sock.setsockopt(zmq.IDENTITY, self._identity if channel != "control" else
-                            self._identity + b"-control")
+            sock.setsockopt(
+                zmq.IDENTITY,
+                self._identity if channel != "control" else self._identity + b"-control",
+            )
             sock.setsockopt(zmq.LINGER, 0)
             sock.connect(address(channel))
             self._sockets[channel] = sock
@@ -283,9 +285,7 @@ class KernelHost:
             if remaining <= 0:
                 raise TimeoutError
             try:
-                await asyncio.wait_for(
-                    asyncio.gather(reply, status), timeout=min(1.0, remaining)
-                )
+                await asyncio.wait_for(asyncio.gather(reply, status), timeout=min(1.0, remaining))
                 return
             except TimeoutError:
                 if not self.state.alive:

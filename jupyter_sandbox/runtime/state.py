@@ -12,8 +12,9 @@ from .kernel_host import KernelHost, KernelState
 
 
 class RuntimeState:
-    def __init__(self, *, workspace: str, runtime_dir: str, kernel_name: str,
-                 env: dict[str, str]) -> None:
+    def __init__(
+        self, *, workspace: str, runtime_dir: str, kernel_name: str, env: dict[str, str]
+    ) -> None:
         self.workspace = workspace
         self.started_at = time.time()
         self.hub = ChannelHub()
@@ -31,11 +32,13 @@ class RuntimeState:
         self.hub.send_event(self.event_payload())
 
     def event_payload(self) -> bytes:
-        return json.dumps({
-            "event": "kernel_state",
-            "runtime_id": self.kernel.runtime_id,
-            "kernel": self.kernel.state.to_json(),
-        }).encode()
+        return json.dumps(
+            {
+                "event": "kernel_state",
+                "runtime_id": self.kernel.runtime_id,
+                "kernel": self.kernel.state.to_json(),
+            }
+        ).encode()
 
     def describe(self) -> dict[str, Any]:
         return {

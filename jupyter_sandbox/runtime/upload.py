@@ -35,15 +35,18 @@ class StreamingUpload:
         self._headers: dict[bytes, bytes] = {}
         self._handle: Any = None
         self._target: str | None = None
-        self._parser = MultipartParser(boundary, {
-            "on_part_begin": self._part_begin,
-            "on_header_field": self._header_field,
-            "on_header_value": self._header_value,
-            "on_header_end": self._header_end,
-            "on_headers_finished": self._headers_finished,
-            "on_part_data": self._part_data,
-            "on_part_end": self._part_end,
-        })
+        self._parser = MultipartParser(
+            boundary,
+            {
+                "on_part_begin": self._part_begin,
+                "on_header_field": self._header_field,
+                "on_header_value": self._header_value,
+                "on_header_end": self._header_end,
+                "on_headers_finished": self._headers_finished,
+                "on_part_data": self._part_data,
+                "on_part_end": self._part_end,
+            },
+        )
 
     def feed(self, chunk: bytes) -> None:
         self.received += len(chunk)

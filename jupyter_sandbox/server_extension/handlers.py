@@ -22,8 +22,10 @@ from ..utils.background import background
 try:
     from jupyter_server.auth.decorator import authorized
 except ImportError:  # pragma: no cover - older jupyter_server
+
     def authorized(method: Any) -> Any:  # type: ignore[no-redef]
         return method
+
 
 KERNEL_ID = r"(?P<kernel_id>[0-9a-fA-F-]{1,64})"
 AUTH_RESOURCE = "kernels"

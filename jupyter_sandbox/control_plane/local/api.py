@@ -9,10 +9,10 @@ from typing import Any
 
 from tornado import web
 
+from ...router.tokens import Scope, TokenAuthority
 from ..base import ClaimError, ClaimRequest, InvalidRequest, Phase
 from .controller import LocalController
 from .model import NAMESPACE, PoolSpec
-from ...router.tokens import Scope, TokenAuthority
 
 log = logging.getLogger(__name__)
 
@@ -20,8 +20,13 @@ MAX_WAIT = 600.0
 
 
 class DaemonContext:
-    def __init__(self, controller: LocalController, authority: TokenAuthority,
-                 router_url: str, info: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        controller: LocalController,
+        authority: TokenAuthority,
+        router_url: str,
+        info: dict[str, Any],
+    ) -> None:
         self.controller = controller
         self.authority = authority
         self.router_url = router_url
@@ -122,7 +127,8 @@ class ClaimsHandler(Handler):
                 raise InvalidRequest("label selectors look like key=value")
             selector[key] = value
         items = [
-            self.claim_json(c.name) for c in self.controller.store.claims.values()
+            self.claim_json(c.name)
+            for c in self.controller.store.claims.values()
             if all(c.labels.get(k) == v for k, v in selector.items())
         ]
         self.finish({"items": items})
@@ -135,8 +141,11 @@ class ClaimsHandler(Handler):
         if not isinstance(body.get("pool"), str):
             raise InvalidRequest("pool is required")
         request = ClaimRequest(
-            pool=body["pool"], labels=body.get("labels") or {}, env=body.get("env") or {},
-            owner_pid=body.get("owner_pid"), name=body.get("name"),
+            pool=body["pool"],
+            labels=body.get("labels") or {},
+            env=body.get("env") or {},
+            owner_pid=body.get("owner_pid"),
+            name=body.get("name"),
         )
         claim = self.controller.create_claim(request)
         self.set_status(201)
@@ -212,13 +221,15 @@ class EventsHandler(Handler):
 
 def make_api_app(ctx: DaemonContext) -> web.Application:
     kw = {"ctx": ctx}
-    return web.Application([
-        (r"/api/info", InfoHandler, kw),
-        (r"/api/shutdown", ShutdownHandler, kw),
-        (r"/api/events", EventsHandler, kw),
-        (r"/api/pools", PoolsHandler, kw),
-        (r"/api/pools/([^/]+)", PoolHandler, kw),
-        (r"/api/claims", ClaimsHandler, kw),
-        (r"/api/claims/([^/]+)", ClaimHandler, kw),
-        (r"/api/claims/([^/]+)/(suspend|resume|adopt)", ClaimActionHandler, kw),
-    ])
+    return web.Application(
+        [
+            (r"/api/info", InfoHandler, kw),
+            (r"/api/shutdown", ShutdownHandler, kw),
+            (r"/api/events", EventsHandler, kw),
+            (r"/api/pools", PoolsHandler, kw),
+            (r"/api/pools/([^/]+)", PoolHandler, kw),
+            (r"/api/claims", ClaimsHandler, kw),
+            (r"/api/claims/([^/]+)", ClaimHandler, kw),
+            (r"/api/claims/([^/]+)/(suspend|resume|adopt)", ClaimActionHandler, kw),
+        ]
+    )

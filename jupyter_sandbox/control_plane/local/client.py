@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+import psutil
 from tornado import httpclient
 from tornado.simple_httpclient import SimpleAsyncHTTPClient
 
@@ -41,8 +42,13 @@ DAEMON_START_TIMEOUT = 30.0
 
 
 class LocalControlPlane(ControlPlane):
-    def __init__(self, base: Path | None = None, *, autostart: bool = True,
-                 daemon_args: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        base: Path | None = None,
+        *,
+        autostart: bool = True,
+        daemon_args: list[str] | None = None,
+    ) -> None:
         self.base = base or state_dir()
         self.base.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.autostart = autostart
@@ -58,8 +64,9 @@ class LocalControlPlane(ControlPlane):
     @property
     def http(self) -> SimpleAsyncHTTPClient:
         if self._http is None:
-            self._http = SimpleAsyncHTTPClient(force_instance=True, resolver=self._resolver,
-                                               max_clients=100)
+            self._http = SimpleAsyncHTTPClient(
+                force_instance=True, resolver=self._resolver, max_clients=100
+            )
         return self._http
 
     # -- daemon ------------------------------------------------------------
@@ -93,14 +100,39 @@ class LocalControlPlane(ControlPlane):
             fcntl.flock(lock, fcntl.LOCK_EX)
             if self._socket.exists():
                 return
-            log_file = open(self.base / "daemon.log", "ab")  # noqa: SIM115
-            env = {k: v for k, v in os.environ.items() if k.startswith(("JUPYTER_SANDBOX_", "PATH",
-                   "LANG", "LC_", "HOME", "TMPDIR", "PYTHONPATH", "VIRTUAL_ENV", "JUPYTER_"))}
+            log_file = open(self.base / "daemon.log", "ab")
+            env = {
+                k: v
+                for k, v in os.environ.items()
+                if k.startswith(
+                    (
+                        "JUPYTER_SANDBOX_",
+                        "PATH",
+                        "LANG",
+                        "LC_",
+                        "HOME",
+                        "TMPDIR",
+                        "PYTHONPATH",
+                        "VIRTUAL_ENV",
+                        "JUPYTER_",
+                    )
+                )
+            }
             subprocess.Popen(
-                [sys.executable, "-m", "jupyter_sandbox.control_plane.local.daemon",
-                 "--state-dir", str(self.base), *self.daemon_args],
-                stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file,
-                start_new_session=True, close_fds=True, env=env,
+                [
+                    sys.executable,
+                    "-m",
+                    "jupyter_sandbox.control_plane.local.daemon",
+                    "--state-dir",
+                    str(self.base),
+                    *self.daemon_args,
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=log_file,
+                start_new_session=True,
+                close_fds=True,
+                env=env,
             )
             log_file.close()
 
@@ -114,17 +146,20 @@ class LocalControlPlane(ControlPlane):
         deadline = time.monotonic() + 30
         while pid and time.monotonic() < deadline:
             try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
+                if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                    return  # exited; whoever it was re-parented to has yet to reap it
+            except psutil.NoSuchProcess:
                 return
             await asyncio.sleep(0.05)
 
-    async def _call(self, method: str, path: str, body: Any = None, *, retry: bool = True,
-                    timeout: float = 60.0) -> Any:
+    async def _call(
+        self, method: str, path: str, body: Any = None, *, retry: bool = True, timeout: float = 60.0
+    ) -> Any:
         if retry:
             await self.ensure_daemon()
         request = httpclient.HTTPRequest(
-            f"http://{self._authority}{path}", method=method,
+            f"http://{self._authority}{path}",
+            method=method,
             body=json.dumps(body) if body is not None else (b"" if method == "POST" else None),
             headers={"Content-Type": "application/json"},
             request_timeout=timeout + 5,
@@ -153,8 +188,12 @@ class LocalControlPlane(ControlPlane):
     # -- ControlPlane --------------------------------------------------------
 
     async def claim(self, request: ClaimRequest) -> ClaimStatus:
-        body = {"pool": request.pool, "labels": request.labels, "env": request.env,
-                "owner_pid": request.owner_pid}
+        body = {
+            "pool": request.pool,
+            "labels": request.labels,
+            "env": request.env,
+            "owner_pid": request.owner_pid,
+        }
         if request.name:
             body["name"] = request.name
         return ClaimStatus.from_json(await self._call("POST", "/api/claims", body))
@@ -166,14 +205,18 @@ class LocalControlPlane(ControlPlane):
             if remaining <= 0:
                 raise ClaimTimeout(f"claim {name} not ready after {timeout:g}s")
             chunk = min(remaining, 600.0)
-            status = ClaimStatus.from_json(await self._call(
-                "GET", f"/api/claims/{quote(name)}?wait=Ready&timeout={chunk:.3f}",
-                timeout=chunk,
-            ))
+            status = ClaimStatus.from_json(
+                await self._call(
+                    "GET",
+                    f"/api/claims/{quote(name)}?wait=Ready&timeout={chunk:.3f}",
+                    timeout=chunk,
+                )
+            )
             if status.phase == Phase.READY:
                 return status
             if status.phase == Phase.FAILED:
                 from ..base import ClaimError
+
                 raise ClaimError(f"claim {name} failed: {status.message}")
 
     async def suspend(self, name: str) -> ClaimStatus:

@@ -20,7 +20,16 @@ import psutil
 
 from ..base import ClaimNotFound, ClaimRequest, ClaimTimeout, InvalidRequest, Phase, PoolNotFound
 from .isolation import Isolation
-from .model import NAMESPACE, Claim, PoolSpec, Sandbox, Store, check_labels, check_name, random_suffix
+from .model import (
+    NAMESPACE,
+    Claim,
+    PoolSpec,
+    Sandbox,
+    Store,
+    check_labels,
+    check_name,
+    random_suffix,
+)
 from .process import LaunchSpec, Limits, SandboxProcess
 
 log = logging.getLogger(__name__)
@@ -102,8 +111,14 @@ class LocalController:
             owner_start = _start_time(request.owner_pid)
             if owner_start is None:
                 raise InvalidRequest(f"owner process {request.owner_pid} is not running")
-        claim = Claim(name=name, pool=request.pool, labels=labels, env=env,
-                      owner_pid=request.owner_pid, owner_start=owner_start)
+        claim = Claim(
+            name=name,
+            pool=request.pool,
+            labels=labels,
+            env=env,
+            owner_pid=request.owner_pid,
+            owner_start=owner_start,
+        )
         self.store.claims[name] = claim
         # Adopt right away when a warm sandbox is ready: the claim answers Ready at once.
         self._reconcile_claim(claim)
@@ -270,9 +285,11 @@ class LocalController:
         if pool is None:
             claim.phase, claim.message = Phase.FAILED, f"pool {claim.pool!r} was deleted"
             return
-        candidates = [] if claim.env else [
-            s for s in self.store.sandboxes.values() if s.owner == f"pool/{pool.name}"
-        ]
+        candidates = (
+            []
+            if claim.env
+            else [s for s in self.store.sandboxes.values() if s.owner == f"pool/{pool.name}"]
+        )
         ready = [s for s in candidates if s.ready]
         pick = min(ready or candidates, key=lambda s: s.created, default=None)
         if pick is not None:
@@ -317,12 +334,17 @@ class LocalController:
 
     # -- sandbox lifecycle -----------------------------------------------
 
-    def _new_sandbox(self, pool: PoolSpec, *, owner: str, env: dict[str, str] | None = None) -> Sandbox:
+    def _new_sandbox(
+        self, pool: PoolSpec, *, owner: str, env: dict[str, str] | None = None
+    ) -> Sandbox:
         name = f"{pool.name}-{random_suffix()}"
         while name in self.store.sandboxes:
             name = f"{pool.name}-{random_suffix()}"
         sandbox = Sandbox(
-            name=name, pool=pool.name, owner=owner, env=dict(env or {}),
+            name=name,
+            pool=pool.name,
+            owner=owner,
+            env=dict(env or {}),
             workspace=str(self.base / "workspaces" / name),
             runtime_dir=str(self.base / "run" / name),
         )
@@ -361,13 +383,14 @@ class LocalController:
             return
         sandbox.pid = proc.pid
         self._dirty = True
-        asyncio.create_task(self._supervise(sandbox.name, proc))
+        proc.supervisor = asyncio.create_task(self._supervise(sandbox.name, proc))
 
     async def _supervise(self, name: str, proc: SandboxProcess) -> None:
         waiter = asyncio.create_task(proc.wait())
         ready = asyncio.create_task(proc.ready.wait())
-        done, _ = await asyncio.wait({waiter, ready}, timeout=READY_TIMEOUT,
-                                     return_when=asyncio.FIRST_COMPLETED)
+        done, _ = await asyncio.wait(
+            {waiter, ready}, timeout=READY_TIMEOUT, return_when=asyncio.FIRST_COMPLETED
+        )
         sandbox = self.store.sandboxes.get(name)
         if ready in done and sandbox is not None:
             sandbox.ready = True
@@ -444,8 +467,9 @@ class LocalController:
                 continue
             since = self._orphan_since.setdefault(claim.name, now)
             if now - since >= self.orphan_grace:
-                log.info("releasing claim %s: its owner process %s is gone", claim.name,
-                         claim.owner_pid)
+                log.info(
+                    "releasing claim %s: its owner process %s is gone", claim.name, claim.owner_pid
+                )
                 self._orphan_since.pop(claim.name, None)
                 self.delete_claim(claim.name)
 

@@ -51,7 +51,7 @@ def load_secret(base: Path) -> str:
 async def serve(args: argparse.Namespace) -> int:
     base = Path(args.state_dir) if args.state_dir else state_dir()
     base.mkdir(parents=True, exist_ok=True, mode=0o700)
-    lock = open(base / "daemon.lock", "w")  # noqa: SIM115 - held for the daemon's life
+    lock = open(base / "daemon.lock", "w")
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -75,8 +75,9 @@ async def serve(args: argparse.Namespace) -> int:
         return Upstream(unix_socket=str(proc.socket))
 
     router_ctx = RouterContext(lookup=lookup, authority=authority, default_namespace=NAMESPACE)
-    router = HTTPServer(make_router_app(router_ctx), max_body_size=1 << 34,
-                        idle_connection_timeout=3600)
+    router = HTTPServer(
+        make_router_app(router_ctx), max_body_size=1 << 34, idle_connection_timeout=3600
+    )
     sockets = bind_sockets(args.router_port, address="127.0.0.1")
     router.add_sockets(sockets)
     router_port = sockets[0].getsockname()[1]
@@ -99,8 +100,13 @@ async def serve(args: argparse.Namespace) -> int:
     api = HTTPServer(make_api_app(ctx))
     api.add_socket(bind_unix_socket(str(sock_path), mode=0o600))
     (base / "daemon.json").write_text(json.dumps(info))
-    log.info("daemon %s ready: api %s, router %s, isolation %s", os.getpid(), sock_path,
-             router_url, isolation.kind)
+    log.info(
+        "daemon %s ready: api %s, router %s, isolation %s",
+        os.getpid(),
+        sock_path,
+        router_url,
+        isolation.kind,
+    )
 
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
@@ -139,21 +145,44 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="jupyter-sandbox daemon")
     parser.add_argument("--state-dir", default=None)
     parser.add_argument("--router-port", type=int, default=0)
-    parser.add_argument("--default-replicas", type=int,
-                        default=int(os.environ.get("JUPYTER_SANDBOX_DEFAULT_REPLICAS", "2")))
-    parser.add_argument("--orphan-grace", type=float,
-                        default=float(os.environ.get("JUPYTER_SANDBOX_ORPHAN_GRACE", "30")))
-    parser.add_argument("--idle-timeout", type=float,
-                        default=float(os.environ.get("JUPYTER_SANDBOX_IDLE_TIMEOUT", "3600")))
-    parser.add_argument("--no-isolation", action="store_true",
-                        default=os.environ.get("JUPYTER_SANDBOX_NO_ISOLATION") == "1")
+    parser.add_argument(
+        "--default-replicas",
+        type=int,
+        default=int(os.environ.get("JUPYTER_SANDBOX_DEFAULT_REPLICAS", "2")),
+    )
+    parser.add_argument(
+        "--orphan-grace",
+        type=float,
+        default=float(os.environ.get("JUPYTER_SANDBOX_ORPHAN_GRACE", "30")),
+    )
+    parser.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=float(os.environ.get("JUPYTER_SANDBOX_IDLE_TIMEOUT", "3600")),
+    )
+    parser.add_argument(
+        "--detach",
+        action="store_true",
+        help="fork into the background (the starting process can exit)",
+    )
+    parser.add_argument(
+        "--no-isolation",
+        action="store_true",
+        default=os.environ.get("JUPYTER_SANDBOX_NO_ISOLATION") == "1",
+    )
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    if args.detach and os.fork() != 0:
+        # The parent returns at once; the daemon is re-parented, never left a zombie.
+        os._exit(0)
+    logging.basicConfig(
+        level=logging.INFO,
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
     return asyncio.run(serve(args))
 
 

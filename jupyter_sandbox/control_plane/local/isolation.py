@@ -21,10 +21,22 @@ WORKSPACE = "/workspace"
 RUNTIME_DIR = "/run/sandbox"
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 ETC_FILES = (
-    "/etc/resolv.conf", "/etc/hosts", "/etc/nsswitch.conf", "/etc/host.conf",
-    "/etc/localtime", "/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d",
-    "/etc/ssl", "/etc/ca-certificates", "/etc/alternatives", "/etc/mime.types",
-    "/etc/protocols", "/etc/services", "/etc/fonts", "/etc/matplotlibrc",
+    "/etc/resolv.conf",
+    "/etc/hosts",
+    "/etc/nsswitch.conf",
+    "/etc/host.conf",
+    "/etc/localtime",
+    "/etc/ld.so.cache",
+    "/etc/ld.so.conf",
+    "/etc/ld.so.conf.d",
+    "/etc/ssl",
+    "/etc/ca-certificates",
+    "/etc/alternatives",
+    "/etc/mime.types",
+    "/etc/protocols",
+    "/etc/services",
+    "/etc/fonts",
+    "/etc/matplotlibrc",
 )
 # Sandboxes see a fixed, unprivileged passwd so tools that look the user up work.
 SANDBOX_UID = 1000
@@ -50,17 +62,32 @@ def probe(disabled: bool = False) -> Isolation:
         return Isolation("none", "bubblewrap (bwrap) is not installed")
     try:
         result = subprocess.run(
-            [bwrap, "--unshare-all", "--unshare-user", "--die-with-parent",
-             *_ro_binds(SYSTEM_DIRS), "--proc", "/proc", "--dev", "/dev", "true"],
-            capture_output=True, timeout=10, check=False,
+            [
+                bwrap,
+                "--unshare-all",
+                "--unshare-user",
+                "--die-with-parent",
+                *_ro_binds(SYSTEM_DIRS),
+                "--proc",
+                "/proc",
+                "--dev",
+                "/dev",
+                "true",
+            ],
+            capture_output=True,
+            timeout=10,
+            check=False,
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return Isolation("none", f"bubblewrap failed to run: {exc}")
     if result.returncode != 0:
         reason = result.stderr.decode(errors="replace").strip() or f"exit {result.returncode}"
         return Isolation("none", f"bubblewrap cannot create namespaces here: {reason}")
-    return Isolation("bubblewrap", "bubblewrap: user, pid, ipc, uts namespaces, private /tmp, "
-                     "read-only system, workspace-only home")
+    return Isolation(
+        "bubblewrap",
+        "bubblewrap: user, pid, ipc, uts namespaces, private /tmp, "
+        "read-only system, workspace-only home",
+    )
 
 
 def _ro_binds(paths: tuple[str, ...] | list[str]) -> list[str]:
@@ -76,8 +103,13 @@ def _ro_binds(paths: tuple[str, ...] | list[str]) -> list[str]:
 def python_paths() -> list[str]:
     """Directories the sandbox's Python needs: its prefixes and every sys.path entry."""
     wanted: list[str] = []
-    candidates = [sys.prefix, sys.base_prefix, sys.exec_prefix,
-                  sysconfig.get_paths().get("purelib", ""), *sys.path]
+    candidates = [
+        sys.prefix,
+        sys.base_prefix,
+        sys.exec_prefix,
+        sysconfig.get_paths().get("purelib", ""),
+        *sys.path,
+    ]
     for raw in candidates:
         if not raw or not os.path.isabs(raw):
             continue
@@ -106,10 +138,19 @@ def bwrap_command(
         bwrap,
         "--die-with-parent",
         "--new-session",
-        "--unshare-user", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID),
-        "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
-        "--hostname", "sandbox",
-        "--cap-drop", "ALL",
+        "--unshare-user",
+        "--uid",
+        str(SANDBOX_UID),
+        "--gid",
+        str(SANDBOX_UID),
+        "--unshare-pid",
+        "--unshare-ipc",
+        "--unshare-uts",
+        "--unshare-cgroup-try",
+        "--hostname",
+        "sandbox",
+        "--cap-drop",
+        "ALL",
     ]
     if not network:
         args.append("--unshare-net")
@@ -120,13 +161,22 @@ def bwrap_command(
     for path in python_paths():
         args += ["--ro-bind", path, path]
     args += [
-        "--proc", "/proc",
-        "--dev", "/dev",
-        "--tmpfs", "/tmp",
-        "--dir", "/run",
-        "--bind", workspace, WORKSPACE,
-        "--bind", runtime_dir, RUNTIME_DIR,
-        "--chdir", WORKSPACE,
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "--tmpfs",
+        "/tmp",
+        "--dir",
+        "/run",
+        "--bind",
+        workspace,
+        WORKSPACE,
+        "--bind",
+        runtime_dir,
+        RUNTIME_DIR,
+        "--chdir",
+        WORKSPACE,
         "--clearenv",
     ]
     for key, value in sorted(env.items()):

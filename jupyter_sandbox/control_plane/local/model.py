@@ -70,8 +70,11 @@ class PoolSpec:
         if unknown:
             raise InvalidRequest(f"unknown pool fields: {', '.join(sorted(unknown))}")
         spec = cls(name=name, **body)
-        if not isinstance(spec.replicas, int) or isinstance(spec.replicas, bool) \
-                or not 0 <= spec.replicas <= 64:
+        if (
+            not isinstance(spec.replicas, int)
+            or isinstance(spec.replicas, bool)
+            or not 0 <= spec.replicas <= 64
+        ):
             raise InvalidRequest("replicas must be an integer from 0 to 64")
         for attr in ("memory_mb", "cpu_seconds", "max_processes"):
             value = getattr(spec, attr)

@@ -85,6 +85,8 @@ class SandboxProcess:
         self.ready = asyncio.Event()
         self.kernel_info: dict[str, Any] = {}
         self.exit_code: int | None = None
+        self.supervisor: asyncio.Task[None] | None = None
+        self._ready_reader: asyncio.Task[None] | None = None
 
     @property
     def socket(self) -> Path:
@@ -103,21 +105,48 @@ class SandboxProcess:
         env = sandbox_env(spec, self.isolation)
         read_fd, write_fd = os.pipe()
         if self.isolation.isolated:
-            inner = [sys.executable, "-m", "jupyter_sandbox.runtime",
-                     "--unix-socket", f"{RUNTIME_DIR}/{SOCKET_NAME}",
-                     "--workspace", WORKSPACE, "--runtime-dir", f"{RUNTIME_DIR}/kernel",
-                     "--kernel-name", spec.kernel_name, "--ready-fd", str(write_fd)]
-            argv = bwrap_command(workspace=str(spec.workspace), runtime_dir=str(spec.runtime_dir),
-                                 inner=inner, env=env, network=spec.network)
+            inner = [
+                sys.executable,
+                "-m",
+                "jupyter_sandbox.runtime",
+                "--unix-socket",
+                f"{RUNTIME_DIR}/{SOCKET_NAME}",
+                "--workspace",
+                WORKSPACE,
+                "--runtime-dir",
+                f"{RUNTIME_DIR}/kernel",
+                "--kernel-name",
+                spec.kernel_name,
+                "--ready-fd",
+                str(write_fd),
+            ]
+            argv = bwrap_command(
+                workspace=str(spec.workspace),
+                runtime_dir=str(spec.runtime_dir),
+                inner=inner,
+                env=env,
+                network=spec.network,
+            )
             child_env: dict[str, str] | None = {"PATH": env["PATH"]}
         else:
             (spec.runtime_dir / "tmp").mkdir(exist_ok=True)
-            argv = [sys.executable, "-m", "jupyter_sandbox.runtime",
-                    "--unix-socket", str(self.socket), "--workspace", str(spec.workspace),
-                    "--runtime-dir", str(spec.runtime_dir / "kernel"),
-                    "--kernel-name", spec.kernel_name, "--ready-fd", str(write_fd)]
+            argv = [
+                sys.executable,
+                "-m",
+                "jupyter_sandbox.runtime",
+                "--unix-socket",
+                str(self.socket),
+                "--workspace",
+                str(spec.workspace),
+                "--runtime-dir",
+                str(spec.runtime_dir / "kernel"),
+                "--kernel-name",
+                spec.kernel_name,
+                "--ready-fd",
+                str(write_fd),
+            ]
             child_env = env
-        log_handle = open(spec.log_file, "ab")  # noqa: SIM115 - handed to the child
+        log_handle = open(spec.log_file, "ab")
         try:
             self.proc = await asyncio.create_subprocess_exec(
                 *argv,
@@ -133,7 +162,7 @@ class SandboxProcess:
         finally:
             os.close(write_fd)
             log_handle.close()
-        asyncio.create_task(self._read_ready(read_fd))
+        self._ready_reader = asyncio.create_task(self._read_ready(read_fd))
 
     async def _read_ready(self, fd: int) -> None:
         loop = asyncio.get_running_loop()
