@@ -16,6 +16,9 @@ from pathlib import Path
 import psutil
 import pytest
 
+# The real Kubernetes control plane (tests marked "cluster") comes from this plugin.
+pytest_plugins = ["tests.cluster.fixtures"]
+
 ROOT = Path(tempfile.mkdtemp(prefix="jsbx-test-"))
 HOME = ROOT / "sandbox-home"
 DATA = ROOT / "share" / "jupyter"
