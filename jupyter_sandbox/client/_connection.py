@@ -1,0 +1,175 @@
+"""Turn a ready claim into the endpoint its runtime is reached at, per connection mode.
+
+- local backend: the endpoint the daemon hands out (its loopback router and a
+  scoped token);
+- gateway / router URL (``SandboxDirectConnectionConfig``): that URL, with the
+  routing headers and the claim's token;
+- ``SandboxGatewayConnectionConfig``: the address of a Gateway API Gateway;
+- local tunnel: ``kubectl port-forward`` to the router's Service;
+- in-cluster: straight to the sandbox's Service DNS name, bypassing the router.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+import shutil
+import socket
+import subprocess
+import time
+from typing import Any
+
+from ..control_plane.base import ClaimStatus, Endpoint
+from .exceptions import SandboxNotReadyError, SandboxPortForwardError
+from .models import (
+    LocalBackendConfig,
+    SandboxConnectionConfig,
+    SandboxDirectConnectionConfig,
+    SandboxGatewayConnectionConfig,
+    SandboxInClusterConnectionConfig,
+    SandboxLocalTunnelConnectionConfig,
+)
+
+log = logging.getLogger(__name__)
+
+DEFAULT_RUNTIME_PORT = 8888
+
+
+def _host(address: str) -> str:
+    try:
+        return f"[{address}]" if ipaddress.ip_address(address).version == 6 else address
+    except ValueError:
+        return address  # a hostname
+
+
+class Connector:
+    """Resolves endpoints for one client; owns a port-forward if the mode needs one."""
+
+    def __init__(
+        self, config: SandboxConnectionConfig, backend_options: dict[str, Any] | None = None
+    ) -> None:
+        self.config = config
+        self.backend_options = dict(backend_options or {})
+        self._base_url: str | None = None
+        self._tunnel: subprocess.Popen[bytes] | None = None
+        self._lock = asyncio.Lock()
+
+    @property
+    def port(self) -> int:
+        return int(getattr(self.config, "server_port", DEFAULT_RUNTIME_PORT))
+
+    async def endpoint(self, status: ClaimStatus) -> Endpoint:
+        if not status.sandbox:
+            raise SandboxNotReadyError(f"claim {status.name} has no sandbox yet")
+        given = status.endpoint
+        if isinstance(self.config, LocalBackendConfig):
+            if given is None:
+                raise SandboxNotReadyError(f"claim {status.name} has no endpoint yet")
+            return given
+        token = given.token if given else None
+        if isinstance(self.config, SandboxInClusterConnectionConfig):
+            url = f"http://{status.sandbox}.{status.namespace}.svc.cluster.local:{self.port}"
+            return Endpoint(url, status.namespace, status.sandbox, self.port, token)
+        return Endpoint(await self.router_url(), status.namespace, status.sandbox, self.port, token)
+
+    async def router_url(self) -> str:
+        async with self._lock:
+            if isinstance(self.config, SandboxDirectConnectionConfig):
+                return self.config.api_url.rstrip("/")
+            if isinstance(self.config, SandboxGatewayConnectionConfig):
+                if self._base_url is None:
+                    address = await asyncio.to_thread(self._gateway_address)
+                    self._base_url = f"http://{_host(address)}"
+                return self._base_url
+            if isinstance(self.config, SandboxLocalTunnelConnectionConfig):
+                return await self._ensure_tunnel(self.config)
+        raise TypeError(f"no router URL for {type(self.config).__name__}")
+
+    # -- Gateway API ---------------------------------------------------------
+
+    def _gateway_address(self) -> str:
+        from kubernetes import client, config, watch
+
+        assert isinstance(self.config, SandboxGatewayConnectionConfig)
+        cfg = self.config
+        api_config = client.Configuration()
+        kubeconfig = self.backend_options.get("kubeconfig")
+        try:
+            config.load_incluster_config(client_configuration=api_config)
+        except config.ConfigException:
+            config.load_kube_config(config_file=kubeconfig, client_configuration=api_config)
+        with client.ApiClient(api_config) as api:
+            objects = client.CustomObjectsApi(api)
+            deadline = time.monotonic() + cfg.gateway_ready_timeout
+            while time.monotonic() < deadline:
+                stream = watch.Watch().stream(
+                    objects.list_namespaced_custom_object,
+                    "gateway.networking.k8s.io",
+                    "v1",
+                    cfg.gateway_namespace,
+                    "gateways",
+                    field_selector=f"metadata.name={cfg.gateway_name}",
+                    timeout_seconds=max(1, int(deadline - time.monotonic())),
+                )
+                for event in stream:
+                    status = (event.get("object") or {}).get("status") or {}
+                    for address in status.get("addresses") or []:
+                        if address.get("value"):
+                            return str(address["value"])
+        raise SandboxNotReadyError(
+            f"Gateway {cfg.gateway_namespace}/{cfg.gateway_name} has no address "
+            f"after {cfg.gateway_ready_timeout}s"
+        )
+
+    # -- kubectl port-forward ----------------------------------------------------
+
+    async def _ensure_tunnel(self, cfg: SandboxLocalTunnelConnectionConfig) -> str:
+        if self._tunnel is not None and self._tunnel.poll() is None and self._base_url:
+            return self._base_url
+        self._stop_tunnel()
+        kubectl = shutil.which("kubectl")
+        if kubectl is None:
+            raise SandboxPortForwardError("the local tunnel mode needs kubectl on PATH")
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        argv = [kubectl, "port-forward", cfg.router_service, f"{port}:{cfg.router_port}"]
+        argv += ["-n", cfg.router_namespace]
+        if self.backend_options.get("kubeconfig"):
+            argv += ["--kubeconfig", str(self.backend_options["kubeconfig"])]
+        self._tunnel = subprocess.Popen(  # noqa: ASYNC220 - spawning is quick
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        deadline = time.monotonic() + cfg.port_forward_ready_timeout
+        while time.monotonic() < deadline:
+            if self._tunnel.poll() is not None:
+                _, err = self._tunnel.communicate()
+                self._tunnel = None
+                raise SandboxPortForwardError(f"kubectl port-forward exited: {err.decode()}")
+            try:
+                _, writer = await asyncio.open_connection("127.0.0.1", port)
+            except OSError:
+                await asyncio.sleep(0.05)
+                continue
+            writer.close()
+            self._base_url = f"http://127.0.0.1:{port}"
+            return self._base_url
+        self._stop_tunnel()
+        raise SandboxPortForwardError(
+            f"kubectl port-forward not ready after {cfg.port_forward_ready_timeout}s"
+        )
+
+    def _stop_tunnel(self) -> None:
+        proc, self._tunnel = self._tunnel, None
+        self._base_url = None
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(2)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+    def close(self) -> None:
+        self._stop_tunnel()
