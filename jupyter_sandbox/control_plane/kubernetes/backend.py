@@ -1,0 +1,724 @@
+"""``KubernetesControlPlane``: sandboxes as agent-sandbox SandboxClaims.
+
+Selected in a kernelspec with ``"backend": "kubernetes"``; ``backend_options``
+(all JSON-simple) become constructor arguments:
+
+``namespace``
+    where claims are made (default: the in-cluster namespace, else the
+    kubeconfig context's namespace, else ``default``).
+``router_url`` / ``token_secret_file``
+    reach sandboxes through the router (gateway) at this URL with a token scoped
+    to the one sandbox, signed with the router's secret.  Without ``router_url``
+    the runtime is reached directly at its pod IP (port 8888): only from inside
+    the cluster network.
+``kubeconfig`` / ``context`` / ``in_cluster``
+    which API server (default: in-cluster when in a pod, else ``$KUBECONFIG`` or
+    ``~/.kube/config``).
+``owner``
+    an identity of this Jupyter server (e.g. the hub's server name); stored as
+    the ``jupyter-sandbox/owner`` label so a restarted server can find exactly
+    its claims (``list_claims({"jupyter-sandbox/owner": owner})``).
+
+Mapping to the interface:
+
+- ``claim`` creates a SandboxClaim (``warmPoolRef`` = the pool) carrying the
+  request's labels, after checking that the pool exists (``PoolNotFound``).
+- ``wait_ready`` WATCHes the claim until its Ready condition is True, then reads
+  its Sandbox (``status.sandbox.name``) and, if that is not Ready for its
+  current generation yet (a resume in flight), watches the Sandbox too.
+- ``suspend``/``resume`` merge-patch the claimed Sandbox's
+  ``spec.operatingMode`` (Suspended/Running) and return at once; phases
+  Suspending/Suspended/Resuming are read from the Sandbox's conditions.
+- ``release`` deletes the claim (404 is fine); the garbage collector removes
+  the Sandbox and its Pod, Service and PVCs (ownerReferences).
+
+Re-attaching after a Jupyter server restart: every claim carries the labels the
+provisioner gives it (``jupyter-sandbox/kernel-id``, ``jupyter-sandbox/user``)
+plus ``app.kubernetes.io/managed-by=jupyter-sandbox`` and, with the ``owner``
+option, ``jupyter-sandbox/owner``.  A restarted server calls
+``list_claims({"jupyter-sandbox/user": user})`` (or the owner label), re-attaches
+the kernel ids it still knows (``SandboxSession(claim_name=...)``) and
+``release``s the rest, which are orphans.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import calendar
+import concurrent.futures
+import functools
+import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from ...router.tokens import Scope, TokenAuthority
+from ..base import (
+    BackendUnavailable,
+    ClaimError,
+    ClaimNotFound,
+    ClaimRequest,
+    ClaimStatus,
+    ClaimTimeout,
+    ControlPlane,
+    Endpoint,
+    InvalidRequest,
+    Phase,
+    PoolNotFound,
+    PoolStatus,
+)
+from . import client as kc
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+MANAGED_BY = "jupyter-sandbox"
+OWNER_LABEL = "jupyter-sandbox/owner"
+USER_LABEL = "jupyter-sandbox/user"
+OWNER_HOST_ANNOTATION = "jupyter-sandbox/owner-host"
+RESUMED_AT_ANNOTATION = "jupyter-sandbox/resumed-at"
+DISPLAY_NAME_ANNOTATION = "jupyter-sandbox/display-name"
+ASSIGNED_SANDBOX_ANNOTATION = "agents.x-k8s.io/sandbox-name"
+LAUNCH_TYPE_LABEL = "agents.x-k8s.io/launch-type"
+RUNTIME_PORT = 8888
+WATCH_CHUNK = 60  # seconds per watch request; re-watched from the last resourceVersion
+
+# Claim Ready=False reasons the operator (ours or upstream's) will not recover from.
+TERMINAL_REASONS = frozenset(
+    {
+        "WarmPoolNotFound",
+        "TemplateNotFound",
+        "InvalidMetadata",
+        "EnvVarsInjectionRejected",
+        "VolumeClaimTemplatesError",
+        "ClaimExpired",
+        "SandboxExpired",
+        "SandboxMissing",
+        "InvalidConfiguration",
+        "PodFailed",
+        "PodSucceeded",
+    }
+)
+
+
+def _parse_time(value: str | None) -> float | None:
+    if not value:
+        return None
+    try:
+        return float(calendar.timegm(time.strptime(value[:19], "%Y-%m-%dT%H:%M:%S")))
+    except ValueError:
+        return None
+
+
+def _now_rfc3339() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def _condition(obj: dict[str, Any] | None, ctype: str) -> dict[str, Any]:
+    for cond in ((obj or {}).get("status") or {}).get("conditions") or []:
+        if cond.get("type") == ctype:
+            return dict(cond)
+    return {}
+
+
+def _fresh(obj: dict[str, Any], cond: dict[str, Any]) -> bool:
+    """The condition was written for the object's current spec (observedGeneration)."""
+    seen = cond.get("observedGeneration")
+    gen = obj.get("metadata", {}).get("generation")
+    return seen is None or gen is None or int(seen) >= int(gen)
+
+
+def sandbox_ready(sandbox: dict[str, Any] | None) -> bool:
+    if not sandbox or sandbox.get("metadata", {}).get("deletionTimestamp"):
+        return False
+    if (sandbox.get("spec") or {}).get("operatingMode", "Running") != "Running":
+        return False
+    ready = _condition(sandbox, "Ready")
+    return ready.get("status") == "True" and _fresh(sandbox, ready)
+
+
+def sandbox_name_of(claim: dict[str, Any]) -> str | None:
+    name = ((claim.get("status") or {}).get("sandbox") or {}).get("name")
+    if not name:
+        name = (claim["metadata"].get("annotations") or {}).get(ASSIGNED_SANDBOX_ANNOTATION)
+    return name or None
+
+
+def _terminal(claim: dict[str, Any]) -> dict[str, Any] | None:
+    ready = _condition(claim, "Ready")
+    if ready.get("status") == "False" and ready.get("reason") in TERMINAL_REASONS:
+        return ready
+    return None
+
+
+class KubernetesControlPlane(ControlPlane):
+    def __init__(
+        self,
+        namespace: str | None = None,
+        router_url: str | None = None,
+        token_secret_file: str | None = None,
+        token_secret: str | None = None,
+        kubeconfig: str | None = None,
+        context: str | None = None,
+        in_cluster: bool | str | None = None,
+        owner: str | None = None,
+        port: int | str = RUNTIME_PORT,
+        request_timeout: float | str = 30.0,
+        max_threads: int | str = 64,
+        token_ttl: float | str = 7 * 24 * 3600,
+    ) -> None:
+        self._namespace_option = namespace or None
+        self.router_url = (router_url or "").rstrip("/") or None
+        self.kubeconfig = os.path.expanduser(kubeconfig) if kubeconfig else None
+        self.context = context or None
+        if isinstance(in_cluster, str):
+            in_cluster = in_cluster.lower() in ("1", "true", "yes")
+        self.in_cluster = in_cluster
+        self.owner = owner or None
+        self.port = int(port)
+        self.request_timeout = float(request_timeout)
+        self.token_ttl = float(token_ttl)
+        secret = token_secret
+        if token_secret_file:
+            try:
+                with open(os.path.expanduser(token_secret_file)) as handle:
+                    secret = handle.read().strip()
+            except OSError as exc:
+                raise InvalidRequest(
+                    f"cannot read token_secret_file {token_secret_file!r}: {exc}",
+                    hint="mount the router's token secret and point token_secret_file at it",
+                ) from None
+        self.authority = TokenAuthority(secret) if secret else None
+        if self.authority is not None and not self.router_url:
+            log.warning("a token secret is configured but no router_url: tokens are unused")
+        self._executor = concurrent.futures.ThreadPoolExecutor(
+            max_workers=max(4, int(max_threads)), thread_name_prefix="jupyter-sandbox-k8s"
+        )
+        self._max_threads = max(4, int(max_threads))
+        self._kube: kc.KubeConfig | None = None
+        self._kube_lock = asyncio.Lock()
+        self._pools_seen: dict[str, float] = {}
+        self._host = socket.gethostname()
+
+    # -- plumbing ---------------------------------------------------------------
+
+    async def _thread(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, functools.partial(fn, *args, **kwargs))
+
+    async def _client(self) -> kc.KubeConfig:
+        if self._kube is None:
+            async with self._kube_lock:
+                if self._kube is None:
+                    try:
+                        self._kube = await self._thread(
+                            kc.load,
+                            kubeconfig=self.kubeconfig,
+                            context=self.context,
+                            in_cluster=self.in_cluster,
+                            pool_size=self._max_threads,
+                        )
+                    except kc.Unreachable as exc:
+                        raise BackendUnavailable(
+                            str(exc),
+                            hint="set backend_options kubeconfig/context, or run in a pod",
+                        ) from None
+                    except Exception as exc:
+                        raise BackendUnavailable(
+                            f"cannot configure the Kubernetes client: {exc}"
+                        ) from None
+        return self._kube
+
+    @property
+    def namespace(self) -> str:
+        if self._namespace_option:
+            return self._namespace_option
+        return self._kube.namespace if self._kube else "default"
+
+    async def _co(self) -> Any:
+        from kubernetes import client
+
+        kube = await self._client()
+        return client.CustomObjectsApi(kube.api_client)
+
+    async def _api(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """One CustomObjectsApi call in a thread, errors mapped to ClaimErrors."""
+        co = await self._co()
+        kwargs.setdefault("_request_timeout", (5, self.request_timeout))
+        try:
+            return await self._thread(kc.call, getattr(co, method), *args, **kwargs)
+        except kc.Unreachable as exc:
+            raise BackendUnavailable(
+                f"the Kubernetes API server is unreachable: {exc}",
+                hint="check the kubeconfig / network, or that the cluster is up",
+            ) from None
+        except kc.ApiStatus as exc:
+            raise self._map(exc) from None
+
+    def _map(self, exc: kc.ApiStatus) -> ClaimError | kc.ApiStatus:
+        if exc.resource_missing:
+            return BackendUnavailable(
+                "the agent-sandbox resources are not served by this API server",
+                hint="install the CRDs (deploy/crds) and the operator",
+            )
+        if exc.status in (401, 403):
+            return BackendUnavailable(
+                f"the Kubernetes API server refused the request: {exc.message}",
+                hint=f"grant this identity access to sandboxclaims in namespace {self.namespace}",
+            )
+        if exc.status == 422 or exc.status == 400:
+            return InvalidRequest(exc.message)
+        if exc.status >= 500 or exc.status == 429:
+            return BackendUnavailable(f"the Kubernetes API server failed: {exc.message}")
+        return exc
+
+    async def _get(self, res: tuple[str, str, str], name: str) -> dict[str, Any] | None:
+        g, v, p = res
+        try:
+            return await self._api("get_namespaced_custom_object", g, v, self.namespace, p, name)  # type: ignore[no-any-return]
+        except kc.ApiStatus as exc:
+            if exc.not_found:
+                return None
+            raise ClaimError(str(exc)) from None
+
+    # -- claim ----------------------------------------------------------------------
+
+    async def _check_pool(self, pool: str) -> None:
+        if time.monotonic() - self._pools_seen.get(pool, -1e9) < 30:
+            return
+        if await self._get(kc.WARMPOOL, pool) is None:
+            try:
+                names = sorted(p.name for p in await self.list_pools())
+            except ClaimError:
+                names = []
+            raise PoolNotFound(
+                f"SandboxWarmPool {pool!r} not found in namespace {self.namespace}",
+                hint=(f"available pools: {', '.join(names)}" if names else "no pools exist")
+                + "; set the kernelspec's pool, or create the pool (deploy/examples)",
+            )
+        self._pools_seen[pool] = time.monotonic()
+
+    def _claim_body(self, request: ClaimRequest, name: str) -> dict[str, Any]:
+        labels = {k: v for k, v in request.labels.items() if v}
+        labels[MANAGED_BY_LABEL] = MANAGED_BY
+        if self.owner:
+            labels[OWNER_LABEL] = self.owner
+        annotations = {OWNER_HOST_ANNOTATION: self._host}
+        if request.owner_pid:
+            annotations["jupyter-sandbox/owner-pid"] = str(request.owner_pid)
+        spec: dict[str, Any] = {"warmPoolRef": {"name": request.pool}}
+        if request.env:
+            spec["env"] = [{"name": k, "value": v} for k, v in sorted(request.env.items())]
+        return {
+            "apiVersion": "extensions.agents.x-k8s.io/v1beta1",
+            "kind": "SandboxClaim",
+            "metadata": {"name": name, "labels": labels, "annotations": annotations},
+            "spec": spec,
+        }
+
+    async def claim(self, request: ClaimRequest) -> ClaimStatus:
+        await self._client()
+        await self._check_pool(request.pool)
+        name = request.name or f"kernel-{uuid.uuid4().hex[:12]}"
+        body = self._claim_body(request, name)
+        g, v, p = kc.CLAIM
+        try:
+            created = await self._api(
+                "create_namespaced_custom_object", g, v, self.namespace, p, body
+            )
+        except BackendUnavailable:
+            # The create may have gone through with the answer lost: never leak it.
+            await self._release_quietly(name)
+            raise
+        except kc.ApiStatus as exc:
+            if exc.status == 409:
+                raise InvalidRequest(f"a claim named {name!r} already exists") from None
+            raise ClaimError(f"creating SandboxClaim {name}: {exc}") from None
+        except asyncio.CancelledError:
+            await asyncio.shield(self._release_quietly(name))
+            raise
+        return self._status(created, None)
+
+    async def _release_quietly(self, name: str) -> None:
+        try:
+            await self.release(name)
+        except Exception as exc:
+            log.warning("could not release claim %s: %s", name, exc)
+
+    # -- wait -----------------------------------------------------------------------
+
+    async def wait_ready(self, name: str, timeout: float) -> ClaimStatus:
+        await self._client()
+        handle = kc.WatchHandle()
+        deadline = time.monotonic() + timeout
+        try:
+            claim, sandbox = await self._thread(self._wait_blocking, name, deadline, handle)
+        except asyncio.CancelledError:
+            handle.stop()
+            raise
+        except kc.Unreachable as exc:
+            raise BackendUnavailable(f"the Kubernetes API server is unreachable: {exc}") from None
+        except kc.ApiStatus as exc:
+            mapped = self._map(exc)
+            if isinstance(mapped, ClaimError):
+                raise mapped from None
+            raise ClaimError(f"waiting for claim {name}: {exc}") from None
+        return self._status(claim, sandbox)
+
+    def _wait_blocking(
+        self, name: str, deadline: float, handle: kc.WatchHandle
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Watch the claim until Ready, then its Sandbox until Ready (in a worker thread)."""
+        co = self._co_sync()
+        g, v, p = kc.CLAIM
+
+        def claim_done(claim: dict[str, Any]) -> bool:
+            term = _terminal(claim)
+            if term is not None:
+                reason = term.get("reason", "")
+                msg = f"claim {name}: {reason}: {term.get('message', '')}"
+                if reason == "WarmPoolNotFound":
+                    raise PoolNotFound(msg, hint="the claim's SandboxWarmPool does not exist")
+                raise ClaimError(msg)
+            if claim["metadata"].get("deletionTimestamp"):
+                raise ClaimNotFound(f"claim {name} is being deleted")
+            ready = _condition(claim, "Ready")
+            return ready.get("status") == "True" and sandbox_name_of(claim) is not None
+
+        claim = self._watch_until(
+            co.list_namespaced_custom_object,
+            (g, v, self.namespace, p),
+            co.get_namespaced_custom_object,
+            (g, v, self.namespace, p, name),
+            claim_done,
+            deadline,
+            handle,
+            what=f"claim {name}",
+            gone=lambda: ClaimNotFound(f"claim {name} does not exist"),
+        )
+        sb_name = sandbox_name_of(claim)
+        assert sb_name is not None
+        g, v, p = kc.SANDBOX
+        sandbox = self._watch_until(
+            co.list_namespaced_custom_object,
+            (g, v, self.namespace, p),
+            co.get_namespaced_custom_object,
+            (g, v, self.namespace, p, sb_name),
+            sandbox_ready,
+            deadline,
+            handle,
+            what=f"sandbox {sb_name} of claim {name}",
+            gone=lambda: ClaimError(f"sandbox {sb_name} of claim {name} is gone"),
+        )
+        return claim, sandbox
+
+    def _co_sync(self) -> Any:
+        from kubernetes import client
+
+        assert self._kube is not None
+        return client.CustomObjectsApi(self._kube.api_client)
+
+    def _watch_until(
+        self,
+        list_fn: Any,
+        list_args: tuple[Any, ...],
+        get_fn: Any,
+        get_args: tuple[Any, ...],
+        done: Callable[[dict[str, Any]], bool],
+        deadline: float,
+        handle: kc.WatchHandle,
+        *,
+        what: str,
+        gone: Callable[[], ClaimError],
+    ) -> dict[str, Any]:
+        """GET the object, then WATCH it (by name) until ``done`` or the deadline."""
+        name = get_args[-1]
+        obj: dict[str, Any] | None = None
+        while True:
+            if handle.stopped.is_set():
+                raise ClaimTimeout(f"stopped waiting for {what}")
+            try:
+                obj = kc.call(get_fn, *get_args, _request_timeout=(5, self.request_timeout))
+            except kc.ApiStatus as exc:
+                if exc.not_found and not exc.resource_missing:
+                    raise gone() from None
+                raise
+            assert obj is not None
+            if done(obj):
+                return obj
+            rv = obj["metadata"]["resourceVersion"]
+            try:
+                while True:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0 or handle.stopped.is_set():
+                        raise ClaimTimeout(
+                            f"{what} not ready after the timeout: {self._why(obj)}",
+                            hint="a cold start pulls the image and schedules a pod; "
+                            "raise claim_timeout or grow the warm pool",
+                        )
+                    for event in kc.watch(
+                        list_fn,
+                        *list_args,
+                        resource_version=rv,
+                        timeout_seconds=int(min(remaining, WATCH_CHUNK)) + 1,
+                        handle=handle,
+                        field_selector=f"metadata.name={name}",
+                    ):
+                        kind = event.get("type")
+                        item = event.get("object") or {}
+                        rv = (item.get("metadata") or {}).get("resourceVersion", rv)
+                        if kind == "BOOKMARK":
+                            continue
+                        if kind == "DELETED":
+                            raise gone()
+                        obj = item
+                        if done(obj):
+                            return obj
+                        if time.monotonic() >= deadline:
+                            break
+            except kc.ApiStatus as exc:
+                if exc.gone:
+                    continue  # resourceVersion compacted away: GET again, watch from there
+                raise
+
+    @staticmethod
+    def _why(obj: dict[str, Any] | None) -> str:
+        ready = _condition(obj, "Ready")
+        if not ready:
+            return "no Ready condition yet (is the operator running?)"
+        return f"{ready.get('reason', '')}: {ready.get('message', '')}".strip(": ")
+
+    # -- suspend / resume ---------------------------------------------------------
+
+    async def _bound(self, name: str) -> tuple[dict[str, Any], str]:
+        claim = await self._get(kc.CLAIM, name)
+        if claim is None:
+            raise ClaimNotFound(f"claim {name} does not exist")
+        sb = sandbox_name_of(claim)
+        if sb is None:
+            raise InvalidRequest(f"claim {name} has no sandbox yet")
+        return claim, sb
+
+    async def _patch_sandbox(self, name: str, body: dict[str, Any]) -> ClaimStatus:
+        claim, sb = await self._bound(name)
+        g, v, p = kc.SANDBOX
+        try:
+            sandbox = await self._api(
+                "patch_namespaced_custom_object", g, v, self.namespace, p, sb, body
+            )
+        except kc.ApiStatus as exc:
+            if exc.not_found:
+                raise ClaimNotFound(f"sandbox {sb} of claim {name} does not exist") from None
+            raise ClaimError(f"patching sandbox {sb}: {exc}") from None
+        return self._status(claim, sandbox)
+
+    async def suspend(self, name: str) -> ClaimStatus:
+        return await self._patch_sandbox(name, {"spec": {"operatingMode": "Suspended"}})
+
+    async def resume(self, name: str) -> ClaimStatus:
+        return await self._patch_sandbox(
+            name,
+            {
+                "metadata": {"annotations": {RESUMED_AT_ANNOTATION: _now_rfc3339()}},
+                "spec": {"operatingMode": "Running"},
+            },
+        )
+
+    # -- release / status / list ----------------------------------------------------
+
+    async def release(self, name: str) -> None:
+        g, v, p = kc.CLAIM
+        try:
+            await self._api(
+                "delete_namespaced_custom_object",
+                g,
+                v,
+                self.namespace,
+                p,
+                name,
+                propagation_policy="Background",
+            )
+        except kc.ApiStatus as exc:
+            if exc.not_found:
+                return
+            raise ClaimError(f"deleting claim {name}: {exc}") from None
+
+    async def status(self, name: str) -> ClaimStatus | None:
+        claim = await self._get(kc.CLAIM, name)
+        if claim is None:
+            return None
+        sb = sandbox_name_of(claim)
+        sandbox = await self._get(kc.SANDBOX, sb) if sb else None
+        return self._status(claim, sandbox)
+
+    async def list_claims(self, labels: dict[str, str] | None = None) -> list[ClaimStatus]:
+        selector = ",".join(f"{k}={v}" for k, v in sorted((labels or {}).items()))
+        g, v, p = kc.CLAIM
+        try:
+            claims = await self._api(
+                "list_namespaced_custom_object", g, v, self.namespace, p, label_selector=selector
+            )
+        except kc.ApiStatus as exc:
+            raise ClaimError(f"listing claims: {exc}") from None
+        items = claims.get("items") or []
+        wanted = {sandbox_name_of(c) for c in items} - {None}
+        by_name: dict[str, dict[str, Any]] = {}
+        if wanted:
+            if len(wanted) <= 8:
+                found = await asyncio.gather(*(self._get(kc.SANDBOX, n) for n in wanted))  # type: ignore[arg-type]
+                by_name = {s["metadata"]["name"]: s for s in found if s}
+            else:
+                g, v, p = kc.SANDBOX
+                sbs = await self._api("list_namespaced_custom_object", g, v, self.namespace, p)
+                by_name = {s["metadata"]["name"]: s for s in sbs.get("items") or []}
+        return [self._status(c, by_name.get(sandbox_name_of(c) or "")) for c in items]
+
+    async def list_pools(self) -> list[PoolStatus]:
+        g, v, p = kc.WARMPOOL
+        try:
+            pools = await self._api("list_namespaced_custom_object", g, v, self.namespace, p)
+        except kc.ApiStatus as exc:
+            raise ClaimError(f"listing pools: {exc}") from None
+        result = []
+        for pool in pools.get("items") or []:
+            md, spec, st = pool["metadata"], pool.get("spec") or {}, pool.get("status") or {}
+            ready = int(st.get("readyReplicas") or 0)
+            total = int(st.get("replicas") or 0)
+            result.append(
+                PoolStatus(
+                    name=md["name"],
+                    namespace=md.get("namespace", self.namespace),
+                    replicas=int(spec.get("replicas") or 0),
+                    ready=ready,
+                    starting=max(0, total - ready),
+                    isolation="kubernetes",
+                    display_name=(md.get("annotations") or {}).get(DISPLAY_NAME_ANNOTATION)
+                    or f"Python 3 (sandbox: {md['name']})",
+                )
+            )
+        return result
+
+    async def close(self) -> None:
+        kube, self._kube = self._kube, None
+        if kube is not None:
+            await self._thread(kube.api_client.close)
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    # -- status mapping ----------------------------------------------------------------
+
+    def _phase(self, claim: dict[str, Any], sandbox: dict[str, Any] | None) -> Phase:
+        if claim["metadata"].get("deletionTimestamp"):
+            return Phase.TERMINATING
+        if _terminal(claim) is not None:
+            return Phase.FAILED
+        if sandbox is None:
+            return Phase.PENDING
+        if sandbox["metadata"].get("deletionTimestamp"):
+            return Phase.TERMINATING
+        mode = (sandbox.get("spec") or {}).get("operatingMode", "Running")
+        suspended = _condition(sandbox, "Suspended")
+        if mode == "Suspended":
+            if suspended.get("status") == "True" and _fresh(sandbox, suspended):
+                return Phase.SUSPENDED
+            return Phase.SUSPENDING
+        if sandbox_ready(sandbox):
+            return Phase.READY
+        finished = _condition(sandbox, "Finished")
+        if finished.get("status") == "True":
+            return Phase.FAILED
+        ready = _condition(sandbox, "Ready")
+        resumed = _parse_time(
+            (sandbox["metadata"].get("annotations") or {}).get(RESUMED_AT_ANNOTATION)
+        )
+        if resumed is not None:
+            since = _parse_time(ready.get("lastTransitionTime"))
+            if (
+                suspended.get("status") == "True"
+                or ready.get("reason") == "SandboxSuspended"
+                or since is None
+                or since <= resumed
+            ):
+                return Phase.RESUMING
+        return Phase.PENDING
+
+    def _status(self, claim: dict[str, Any], sandbox: dict[str, Any] | None) -> ClaimStatus:
+        md = claim["metadata"]
+        ns = md.get("namespace") or self.namespace
+        phase = self._phase(claim, sandbox)
+        sb_name = sandbox["metadata"]["name"] if sandbox else sandbox_name_of(claim)
+        warm: bool | None = None
+        runtime_class = None
+        resources: dict[str, Any] = {}
+        if sandbox is not None:
+            launch = (sandbox["metadata"].get("labels") or {}).get(LAUNCH_TYPE_LABEL)
+            warm = {"warm": True, "cold": False}.get(launch or "")
+            pod_spec = ((sandbox.get("spec") or {}).get("podTemplate") or {}).get("spec") or {}
+            runtime_class = pod_spec.get("runtimeClassName")
+            st = sandbox.get("status") or {}
+            resources = {
+                "pod": sb_name if phase not in (Phase.SUSPENDED,) else None,
+                "node": st.get("nodeName"),
+                "podIPs": list(st.get("podIPs") or []),
+                "serviceFQDN": st.get("serviceFQDN"),
+                "runtimeClassName": runtime_class,
+                "operatingMode": (sandbox.get("spec") or {}).get("operatingMode", "Running"),
+            }
+        detail = f"pod in namespace {ns}"
+        if runtime_class:
+            detail += f", runtimeClassName {runtime_class}"
+        ready_cond = _condition(claim, "Ready")
+        message = ""
+        if phase != Phase.READY:
+            src = _condition(sandbox, "Ready") if sandbox is not None else ready_cond
+            message = str(src.get("message") or ready_cond.get("message") or "")
+        ready_at = None
+        if sandbox is not None and phase == Phase.READY:
+            ready_at = _parse_time(_condition(sandbox, "Ready").get("lastTransitionTime"))
+        return ClaimStatus(
+            name=md["name"],
+            namespace=ns,
+            pool=((claim.get("spec") or {}).get("warmPoolRef") or {}).get("name", ""),
+            phase=phase,
+            sandbox=sb_name,
+            warm=warm,
+            isolation="kubernetes",
+            isolation_detail=detail,
+            workspace=None,
+            labels=dict(md.get("labels") or {}),
+            created=_parse_time(md.get("creationTimestamp")) or 0.0,
+            ready_at=ready_at,
+            message=message,
+            endpoint=self._endpoint(claim, sandbox, ns, sb_name),
+            resources=resources,
+        )
+
+    def _endpoint(
+        self,
+        claim: dict[str, Any],
+        sandbox: dict[str, Any] | None,
+        ns: str,
+        sb_name: str | None,
+    ) -> Endpoint | None:
+        if not sb_name:
+            return None
+        if self.router_url:
+            token = None
+            if self.authority is not None:
+                user = (claim["metadata"].get("labels") or {}).get(USER_LABEL, "")
+                token = self.authority.issue(Scope(ns, sb_name, user), ttl=self.token_ttl)
+            return Endpoint(
+                router_url=self.router_url, namespace=ns, name=sb_name, port=self.port, token=token
+            )
+        ips = ((sandbox or {}).get("status") or {}).get("podIPs") or []
+        if not ips:
+            return None
+        ip = ips[0]
+        host = f"[{ip}]" if ":" in ip else ip
+        return Endpoint(
+            router_url=f"http://{host}:{self.port}", namespace=ns, name=sb_name, port=self.port
+        )

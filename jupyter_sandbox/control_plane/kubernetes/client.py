@@ -1,0 +1,234 @@
+"""Kubernetes API access shared by the control-plane backend and the router.
+
+Built on the official synchronous ``kubernetes`` client, used from threads:
+
+- it is already a dependency, and its configuration loading is the complete one
+  (kubeconfig contexts, exec credential plugins such as cloud auth helpers,
+  in-cluster service accounts with token refresh), which matters because a
+  Jupyter server runs with whatever kubeconfig its user has;
+- our calls are few and short (create, get, patch, delete), except watches,
+  which run with server-side timeouts in a dedicated, bounded thread pool so they
+  never starve the event loop's default executor;
+- objects stay plain JSON dicts (``_preload_content=False``): no model
+  deserialisation, and custom resources need none anyway.
+
+``kubernetes_asyncio`` would avoid the threads but is another dependency whose
+release line lags (the upstream SDK pins it below 34), and the operator's own
+aiohttp client (``operator/kube.py``) has no exec-plugin support.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+SA_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+
+SANDBOX = ("agents.x-k8s.io", "v1beta1", "sandboxes")
+TEMPLATE = ("extensions.agents.x-k8s.io", "v1beta1", "sandboxtemplates")
+WARMPOOL = ("extensions.agents.x-k8s.io", "v1beta1", "sandboxwarmpools")
+CLAIM = ("extensions.agents.x-k8s.io", "v1beta1", "sandboxclaims")
+
+
+class Unreachable(Exception):
+    """The API server could not be reached (connection refused, DNS, TLS, timeout)."""
+
+
+class ApiStatus(Exception):
+    """A non-2xx answer from the API server, with its Status body."""
+
+    def __init__(self, status: int, body: Any) -> None:
+        self.status = status
+        self.body = body if isinstance(body, dict) else {"message": str(body or "")}
+        self.reason = str(self.body.get("reason", ""))
+        self.message = str(self.body.get("message", "")) or f"HTTP {status}"
+        super().__init__(f"{status} {self.reason}: {self.message}")
+
+    @property
+    def not_found(self) -> bool:
+        return self.status == 404
+
+    @property
+    def resource_missing(self) -> bool:
+        """404 for the resource type itself (CRD not installed), not for one object."""
+        return self.status == 404 and not self.body.get("details")
+
+    @property
+    def gone(self) -> bool:
+        return self.status == 410
+
+
+def in_cluster_available() -> bool:
+    return bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and SA_NAMESPACE_FILE.exists()
+
+
+@dataclass
+class KubeConfig:
+    api_client: Any  # kubernetes.client.ApiClient
+    namespace: str
+    in_cluster: bool
+
+
+def load(
+    *,
+    kubeconfig: str | None = None,
+    context: str | None = None,
+    in_cluster: bool | None = None,
+    pool_size: int = 64,
+    timeout: float = 30.0,
+) -> KubeConfig:
+    """An ApiClient and the default namespace (in-cluster, or the kubeconfig context's).
+
+    ``in_cluster=None`` picks in-cluster config when running in a pod and no
+    kubeconfig was named.  Blocking (exec plugins may run): call from a thread.
+    """
+    from kubernetes import client, config
+
+    cfg = client.Configuration()
+    use_cluster = (
+        in_cluster if in_cluster is not None else (kubeconfig is None and in_cluster_available())
+    )
+    namespace = "default"
+    if use_cluster:
+        config.load_incluster_config(client_configuration=cfg)
+        try:
+            namespace = SA_NAMESPACE_FILE.read_text().strip() or namespace
+        except OSError:
+            pass
+    else:
+        path = kubeconfig or os.environ.get("KUBECONFIG", "").split(os.pathsep)[0] or None
+        try:
+            config.load_kube_config(config_file=path, context=context, client_configuration=cfg)
+            _, active = config.list_kube_config_contexts(config_file=path)
+            if context:
+                contexts, _ = config.list_kube_config_contexts(config_file=path)
+                active = next((c for c in contexts if c.get("name") == context), active)
+            namespace = ((active or {}).get("context") or {}).get("namespace") or namespace
+        except config.ConfigException as exc:
+            raise Unreachable(f"no usable Kubernetes configuration: {exc}") from None
+    cfg.connection_pool_maxsize = max(pool_size, 4)
+    cfg.retries = 1
+    api = client.ApiClient(cfg)
+    api.user_agent = "jupyter-sandbox"
+    return KubeConfig(api_client=api, namespace=namespace, in_cluster=bool(use_cluster))
+
+
+def _body(exc: Any) -> Any:
+    raw = getattr(exc, "body", None)
+    if isinstance(raw, bytes):
+        raw = raw.decode(errors="replace")
+    if isinstance(raw, str):
+        try:
+            return json.loads(raw)
+        except ValueError:
+            return {"message": raw.strip()[:500]}
+    return {"message": str(getattr(exc, "reason", "") or exc)}
+
+
+def call(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """Run one client call returning the decoded JSON; map failures to our exceptions."""
+    import urllib3
+    from kubernetes.client.rest import ApiException
+
+    kwargs.setdefault("_request_timeout", (5, 30))
+    kwargs["_preload_content"] = False
+    try:
+        resp = fn(*args, **kwargs)
+    except ApiException as exc:
+        if exc.status in (0, None):
+            raise Unreachable(str(exc.reason or exc)) from None
+        raise ApiStatus(int(exc.status), _body(exc)) from None
+    except (urllib3.exceptions.HTTPError, OSError) as exc:
+        raise Unreachable(str(exc)) from None
+    try:
+        data = resp.data
+    finally:
+        resp.release_conn()
+    return json.loads(data) if data else None
+
+
+class WatchHandle:
+    """Lets another thread interrupt a blocking watch by closing its response."""
+
+    def __init__(self) -> None:
+        self.stopped = threading.Event()
+        self._resp: Any = None
+        self._lock = threading.Lock()
+
+    def attach(self, resp: Any) -> None:
+        with self._lock:
+            self._resp = resp
+            if self.stopped.is_set():
+                resp.close()
+
+    def stop(self) -> None:
+        self.stopped.set()
+        with self._lock:
+            if self._resp is not None:
+                try:
+                    self._resp.close()
+                except Exception:  # closing a socket another thread reads from
+                    pass
+
+
+def watch(
+    fn: Any,
+    *args: Any,
+    resource_version: str,
+    timeout_seconds: int,
+    handle: WatchHandle | None = None,
+    **kwargs: Any,
+) -> Iterator[dict[str, Any]]:
+    """Yield watch events (``{"type", "object"}``) until the server closes the stream.
+
+    Raises ApiStatus(410) when ``resource_version`` is too old; the caller relists.
+    """
+    import urllib3
+    from kubernetes.client.rest import ApiException
+
+    try:
+        resp = fn(
+            *args,
+            watch=True,
+            allow_watch_bookmarks=True,
+            resource_version=resource_version,
+            timeout_seconds=max(1, int(timeout_seconds)),
+            _preload_content=False,
+            _request_timeout=(5, timeout_seconds + 30),
+            **kwargs,
+        )
+    except ApiException as exc:
+        if exc.status in (0, None):
+            raise Unreachable(str(exc.reason or exc)) from None
+        raise ApiStatus(int(exc.status), _body(exc)) from None
+    except (urllib3.exceptions.HTTPError, OSError) as exc:
+        raise Unreachable(str(exc)) from None
+    if handle is not None:
+        handle.attach(resp)
+    try:
+        buf = b""
+        for chunk in resp.stream(amt=None, decode_content=False):
+            buf += chunk
+            while b"\n" in buf:
+                line, buf = buf.split(b"\n", 1)
+                if not line.strip():
+                    continue
+                event = json.loads(line)
+                if event.get("type") == "ERROR":
+                    obj = event.get("object") or {}
+                    raise ApiStatus(int(obj.get("code") or 500), obj)
+                yield event
+            if handle is not None and handle.stopped.is_set():
+                return
+    except (urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
+        if handle is not None and handle.stopped.is_set():
+            return
+        raise Unreachable(f"watch interrupted: {exc}") from None
+    finally:
+        resp.close()
+        resp.release_conn()
