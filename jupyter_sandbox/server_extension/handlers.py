@@ -1,11 +1,15 @@
-"""``/api/sandbox/...``: pools, the server's sandboxed kernels, suspend and resume.
+"""``/api/sandbox/...``: pools, the server's sandboxed kernels, suspend/resume, events.
 
-Every handler is a jupyter_server APIHandler: authenticated and authorized like the
-server's own kernel API.
+Every handler is a jupyter_server APIHandler: authenticated (``@web.authenticated``)
+and authorized (``@authorized``, resource ``kernels``) like the server's own kernel
+API; POSTs need the XSRF token or an ``Authorization`` header like any other.
+Input is validated: a malformed kernel id, action, query argument or body is a 400.
+The reference is ``docs/rest-api.md``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from typing import Any
@@ -13,11 +17,13 @@ from typing import Any
 from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import url_path_join
 from tornado import web
+from tornado.iostream import StreamClosedError
 
 from ..control_plane.base import ClaimError
 from ..control_plane.factory import get_control_plane
 from ..kernel_provisioner.provisioner import SandboxProvisioner
 from ..utils.background import background
+from .events import EventHub, kernel_entry, offer
 
 try:
     from jupyter_server.auth.decorator import authorized
@@ -27,15 +33,37 @@ except ImportError:  # pragma: no cover - older jupyter_server
         return method
 
 
-KERNEL_ID = r"(?P<kernel_id>[0-9a-fA-F-]{1,64})"
 AUTH_RESOURCE = "kernels"
-UUID = re.compile(r"^[0-9a-fA-F-]{1,64}$")
+# The shape jupyter_server itself routes for kernel ids.
+KERNEL_ID_RE = re.compile(r"^(?=.{1,64}$)\w+-\w+-\w+-\w+-\w+$", re.ASCII)
+ACTIONS = ("suspend", "resume")
+BACKENDS = ("local", "kubernetes")
+KEEPALIVE_SECONDS = 15.0
+HUB_SETTING = "jupyter_sandbox_events"
+
+
+def parse_bool(value: str, name: str) -> bool:
+    lowered = value.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("", "0", "false", "no", "off"):
+        return False
+    raise web.HTTPError(400, f"{name} must be true or false, not {value!r}")
 
 
 class SandboxAPIHandler(APIHandler):  # type: ignore[misc]
     auth_resource = AUTH_RESOURCE
 
+    @property
+    def hub(self) -> EventHub | None:
+        return self.settings.get(HUB_SETTING)  # type: ignore[no-any-return]
+
+    def check_kernel_id(self, kernel_id: str) -> None:
+        if not KERNEL_ID_RE.match(kernel_id):
+            raise web.HTTPError(400, f"{kernel_id!r} is not a kernel id (a UUID)")
+
     def provisioner(self, kernel_id: str) -> SandboxProvisioner:
+        self.check_kernel_id(kernel_id)
         km = self.kernel_manager
         if kernel_id not in km:
             raise web.HTTPError(404, f"no kernel {kernel_id}")
@@ -45,40 +73,72 @@ class SandboxAPIHandler(APIHandler):  # type: ignore[misc]
         return provisioner
 
     def kernel_model(self, kernel_id: str, provisioner: SandboxProvisioner) -> dict[str, Any]:
-        kernel = self.kernel_manager.get_kernel(kernel_id)
-        return {
-            "id": kernel_id,
-            "name": getattr(kernel, "kernel_name", ""),
-            "execution_state": getattr(kernel, "execution_state", None),
-            "backend": provisioner.backend,
-            "sandbox": provisioner.describe(),
-        }
+        return kernel_entry(kernel_id, self.kernel_manager.get_kernel(kernel_id), provisioner)
+
+    def reject_unknown_arguments(self, *allowed: str) -> None:
+        unknown = sorted(set(self.request.query_arguments) - set(allowed))
+        if unknown:
+            raise web.HTTPError(400, f"unknown query argument(s): {', '.join(unknown)}")
 
 
 class KernelsHandler(SandboxAPIHandler):
     @web.authenticated
     @authorized
     async def get(self) -> None:
+        self.reject_unknown_arguments()
         km = self.kernel_manager
         items = []
         for kernel_id in list(km.list_kernel_ids()):
             provisioner = getattr(km.get_kernel(kernel_id), "provisioner", None)
             if isinstance(provisioner, SandboxProvisioner):
                 items.append(self.kernel_model(kernel_id, provisioner))
-        self.finish(json.dumps({"kernels": items}))
+        starting = self.hub.starting() if self.hub is not None else []
+        self.finish(json.dumps({"kernels": items, "starting": starting}, default=str))
 
 
 class KernelHandler(SandboxAPIHandler):
     @web.authenticated
     @authorized
     async def get(self, kernel_id: str) -> None:
-        self.finish(json.dumps(self.kernel_model(kernel_id, self.provisioner(kernel_id))))
+        self.reject_unknown_arguments("fresh")
+        fresh = parse_bool(self.get_query_argument("fresh", "false"), "fresh")
+        provisioner = self.provisioner(kernel_id)
+        model = self.kernel_model(kernel_id, provisioner)
+        if fresh:
+            model["claim_status"] = await self.claim_status(provisioner)
+        self.finish(json.dumps(model, default=str))
+
+    async def claim_status(self, provisioner: SandboxProvisioner) -> dict[str, Any] | None:
+        """The control plane's current view of the claim (not the cached one)."""
+        session = provisioner.session
+        if session is None or session.claim_name is None:
+            return None
+        try:
+            status = await background().run(session.plane.status(session.claim_name))
+        except ClaimError as exc:
+            raise web.HTTPError(exc.status, exc.message) from None
+        if status is None:
+            return None
+        data = status.to_json()
+        data.pop("endpoint", None)  # carries the router token: not for the browser
+        return data
 
 
 class KernelActionHandler(SandboxAPIHandler):
     @web.authenticated
     @authorized
     async def post(self, kernel_id: str, action: str) -> None:
+        self.reject_unknown_arguments()
+        if action not in ACTIONS:
+            raise web.HTTPError(400, f"unknown action {action!r}; use one of {', '.join(ACTIONS)}")
+        if self.request.body.strip():
+            try:
+                body = json.loads(self.request.body)
+            except ValueError:
+                message = "the request body must be empty or a JSON object"
+                raise web.HTTPError(400, message) from None
+            if not isinstance(body, dict) or body:
+                raise web.HTTPError(400, "this action takes no parameters; send {} or nothing")
         provisioner = self.provisioner(kernel_id)
         try:
             if action == "suspend":
@@ -86,16 +146,20 @@ class KernelActionHandler(SandboxAPIHandler):
             else:
                 await provisioner.resume()
         except ClaimError as exc:
-            raise web.HTTPError(exc.status, exc.message) from None
-        self.finish(json.dumps(self.kernel_model(kernel_id, provisioner)))
+            raise web.HTTPError(exc.status, exc.message, reason=exc.reason) from None
+        finally:
+            if self.hub is not None:
+                self.hub.poke()
+        self.finish(json.dumps(self.kernel_model(kernel_id, provisioner), default=str))
 
 
 class PoolsHandler(SandboxAPIHandler):
     @web.authenticated
     @authorized
     async def get(self) -> None:
+        self.reject_unknown_arguments("backend")
         backend = self.get_query_argument("backend", "local")
-        if backend not in ("local", "kubernetes"):
+        if backend not in BACKENDS:
             raise web.HTTPError(400, "backend must be 'local' or 'kubernetes'")
 
         async def pools() -> list[dict[str, Any]]:
@@ -109,13 +173,55 @@ class PoolsHandler(SandboxAPIHandler):
         self.finish(json.dumps({"pools": items}))
 
 
+class EventsHandler(SandboxAPIHandler):
+    """Server-sent events: a ``snapshot`` event on connect and on every change."""
+
+    _queue: asyncio.Queue[str | None] | None = None
+
+    @web.authenticated
+    @authorized
+    async def get(self) -> None:
+        self.reject_unknown_arguments()
+        hub = self.hub
+        if hub is None:
+            raise web.HTTPError(503, "the sandbox event hub is not running")
+        self.set_header("Content-Type", "text/event-stream; charset=utf-8")
+        self.set_header("Cache-Control", "no-cache")
+        self.set_header("X-Accel-Buffering", "no")  # tell reverse proxies not to buffer
+        queue = self._queue = hub.subscribe()
+        try:
+            self.write(": connected\n\n")
+            await self.flush()
+            while True:
+                try:
+                    data = await asyncio.wait_for(queue.get(), KEEPALIVE_SECONDS)
+                except TimeoutError:
+                    self.write(": keep-alive\n\n")
+                else:
+                    if data is None:
+                        break  # the server is stopping
+                    self.write(f"event: snapshot\ndata: {data}\n\n")
+                await self.flush()
+        except StreamClosedError:
+            pass  # the browser went away
+        finally:
+            hub.unsubscribe(queue)
+        if not self._finished:
+            self.finish()
+
+    def on_connection_close(self) -> None:
+        if self._queue is not None:
+            offer(self._queue, None)
+
+
 def default_handlers(base_url: str) -> list[tuple[str, Any]]:
     def url(path: str) -> str:
         return url_path_join(base_url, "api/sandbox", path)
 
     return [
         (url("kernels"), KernelsHandler),
-        (url(f"kernels/{KERNEL_ID}"), KernelHandler),
-        (url(f"kernels/{KERNEL_ID}/(?P<action>suspend|resume)"), KernelActionHandler),
+        (url("kernels/(?P<kernel_id>[^/]+)"), KernelHandler),
+        (url("kernels/(?P<kernel_id>[^/]+)/(?P<action>[^/]+)"), KernelActionHandler),
         (url("pools"), PoolsHandler),
+        (url("events"), EventsHandler),
     ]
