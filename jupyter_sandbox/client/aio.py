@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import posixpath
+import re
 import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -79,15 +80,19 @@ def safe_path(path: str, *, allow_root: bool = False) -> str:
     return normalized
 
 
+_SELECTOR_RE = re.compile(r"^\s*([A-Za-z0-9][-A-Za-z0-9_./]*)\s*==?\s*([-A-Za-z0-9_.]*)\s*$")
+
+
 def _parse_selector(selector: str | None) -> dict[str, str]:
+    """``a=b,c==d`` into a dict; other selector forms are refused, not ignored."""
     labels: dict[str, str] = {}
     for part in filter(None, (p.strip() for p in (selector or "").split(","))):
-        key, sep, value = part.partition("=")
-        if not sep or not key or value.startswith("="):
+        match = _SELECTOR_RE.match(part)
+        if match is None:
             raise SandboxInvalidRequestError(
                 f"only equality label selectors (key=value) are supported, not {part!r}"
             )
-        labels[key.strip()] = value.strip()
+        labels[match.group(1)] = match.group(2)
     return labels
 
 
