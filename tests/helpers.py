@@ -57,7 +57,7 @@ class Server:
             allow_nonstandard_methods=True,
         )
         if expect is not None:
-            assert response.code == expect, (response.code, response.body)
+            assert response.code == expect, (response.code, response.body, self.log_text()[-3000:])
         if not response.body:
             return response.code
         return json.loads(response.body)

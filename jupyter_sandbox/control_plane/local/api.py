@@ -10,7 +10,7 @@ from typing import Any
 from tornado import web
 
 from ...router.tokens import Scope, TokenAuthority
-from ..base import ClaimError, ClaimRequest, InvalidRequest, Phase
+from ..base import ClaimError, ClaimNotFound, ClaimRequest, InvalidRequest, Phase, PoolNotFound
 from .controller import LocalController
 from .model import NAMESPACE, PoolSpec
 
@@ -104,7 +104,7 @@ class PoolHandler(Handler):
     def get(self, name: str) -> None:
         pool = self.controller.store.pools.get(name)
         if pool is None:
-            raise web.HTTPError(404)
+            raise PoolNotFound(f"pool {name!r} does not exist")
         self.finish({"spec": pool.to_json(), "status": self.controller.pool_view(pool)})
 
     def put(self, name: str) -> None:
@@ -170,7 +170,7 @@ class ClaimHandler(Handler):
 
     def delete(self, name: str) -> None:
         if not self.controller.delete_claim(name):
-            raise web.HTTPError(404)
+            raise ClaimNotFound(f"claim {name!r} does not exist")
         self.set_status(204)
         self.finish()
 

@@ -1,0 +1,283 @@
+"""The local control plane: isolation, input validation, orphans and crash recovery."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from jupyter_client.manager import AsyncKernelManager
+
+from jupyter_sandbox.control_plane.base import (
+    ClaimRequest,
+    InvalidRequest,
+    PoolNotFound,
+)
+from jupyter_sandbox.control_plane.local.client import LocalControlPlane
+from jupyter_sandbox.control_plane.local.isolation import probe
+
+from .conftest import HOME
+from .helpers import KernelSocket, jupyter_server, start_kernel, wait_for
+
+pytestmark = pytest.mark.usefixtures("warm_daemon")
+
+ISOLATED = probe().isolated
+
+
+@pytest.fixture
+async def plane() -> LocalControlPlane:
+    client = LocalControlPlane()
+    yield client  # type: ignore[misc]
+    await client.close()
+
+
+async def start_sandbox_kernel() -> AsyncKernelManager:
+    km = AsyncKernelManager(kernel_name="sandbox-default")
+    await km.start_kernel()
+    return km
+
+
+async def run_code(km: AsyncKernelManager, code: str, timeout: float = 60) -> str:
+    kc = km.client()
+    kc.start_channels()
+    try:
+        await kc.wait_for_ready(timeout=timeout)
+        out: list[str] = []
+
+        def hook(msg: dict) -> None:
+            if msg["msg_type"] == "stream":
+                out.append(msg["content"]["text"])
+            elif msg["msg_type"] == "error":
+                out.append("ERROR " + msg["content"]["ename"])
+
+        await kc.execute_interactive(code, timeout=timeout, output_hook=hook)
+        return "".join(out)
+    finally:
+        kc.stop_channels()
+
+
+@pytest.mark.skipif(not ISOLATED, reason=f"no isolation here: {probe().detail}")
+async def test_sandbox_cannot_read_the_users_files(tmp_path: Path) -> None:
+    secret = tmp_path / "private.txt"
+    secret.write_text("the user's private data")
+    home_secret = Path.home() / ".jsbx-test-secret"
+    home_secret.write_text("home secret")
+    km = await start_sandbox_kernel()
+    try:
+        out = await run_code(
+            km,
+            (
+                "import os\n"
+                f"for p in [{str(secret)!r}, {str(home_secret)!r}, '/etc/shadow', {str(HOME)!r}]:\n"
+                "    try:\n"
+                "        print(p, 'READ' if os.path.isfile(p) and open(p).read() else\n"
+                "              ('LISTED' if os.path.isdir(p) and os.listdir(p) else 'hidden'))\n"
+                "    except OSError as e:\n"
+                "        print(p, 'hidden', type(e).__name__)\n"
+                "print('uid', os.getuid(), 'pid1', open('/proc/1/cmdline').read()[:40])\n"
+            ),
+        )
+    finally:
+        await km.shutdown_kernel()
+        home_secret.unlink()
+    assert "READ" not in out and "LISTED" not in out, out
+    assert "uid 1000" in out
+
+
+@pytest.mark.skipif(not ISOLATED, reason=f"no isolation here: {probe().detail}")
+async def test_no_network_pool_has_no_network() -> None:
+    km = AsyncKernelManager(kernel_name="sandbox-nonet")
+    await km.start_kernel()
+    try:
+        out = await run_code(
+            km,
+            (
+                "import socket\n"
+                "print(sorted(i[1] for i in socket.if_nameindex()))\n"
+                "s = socket.socket()\n"
+                "s.settimeout(2)\n"
+                "try:\n"
+                "    s.connect(('127.0.0.1', 1)); print('connected')\n"
+                "except OSError as e:\n"
+                "    print('refused', e.errno)\n"
+            ),
+        )
+    finally:
+        await km.shutdown_kernel()
+    assert out.splitlines()[0] == "['lo']", out
+
+
+async def test_claims_validate_their_input(plane: LocalControlPlane) -> None:
+    with pytest.raises(PoolNotFound) as missing:
+        await plane.claim(ClaimRequest(pool="no-such-pool"))
+    assert "jupyter-sandbox pool create" in missing.value.hint
+    for bad in [
+        ClaimRequest(pool="Bad Pool"),
+        ClaimRequest(pool="default", labels={"bad key!": "x"}),
+        ClaimRequest(pool="default", labels={"k": 5}),  # type: ignore[dict-item]
+        ClaimRequest(pool="default", env={"A=B": "x"}),
+        ClaimRequest(pool="default", owner_pid=2**30),
+        ClaimRequest(pool="default", name="UPPER"),
+    ]:
+        with pytest.raises(InvalidRequest):
+            await plane.claim(bad)
+    assert await plane.list_claims() == []
+
+
+async def test_pools_validate_their_input(plane: LocalControlPlane) -> None:
+    for name, spec in [
+        ("ok-name", {"replicas": -1}),
+        ("ok-name", {"replicas": "2"}),
+        ("ok-name", {"surprise": 1}),
+        ("ok-name", {"memory_mb": 0}),
+        ("Bad_Name", {"replicas": 1}),
+        ("ok-name", {"network": "yes"}),
+    ]:
+        with pytest.raises(InvalidRequest):
+            await plane.apply_pool(name, spec)
+    names = [p.name for p in await plane.list_pools()]
+    assert "ok-name" not in names
+
+
+def test_cli_reports_errors_plainly() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "jupyter_sandbox.cli", "pool", "create", "Bad_Name"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert "error: pool name 'Bad_Name' is not valid" in result.stderr
+    assert "Traceback" not in result.stderr
+    listing = subprocess.run(
+        [sys.executable, "-m", "jupyter_sandbox.cli", "pool", "--json", "list"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert "default" in [p["name"] for p in json.loads(listing.stdout)]
+
+
+async def test_claim_of_a_killed_owner_is_released(plane: LocalControlPlane) -> None:
+    owner = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        status = await plane.claim(
+            ClaimRequest(pool="default", owner_pid=owner.pid, labels={"test": "orphan"})
+        )
+        await plane.wait_ready(status.name, 60)
+    finally:
+        owner.kill()
+        owner.wait()
+
+    async def released() -> bool:
+        return await plane.status(status.name) is None
+
+    await wait_for(released, 30)
+
+
+async def test_killed_jupyter_server_leaves_nothing_behind(
+    tmp_path: Path, plane: LocalControlPlane
+) -> None:
+    with jupyter_server(tmp_path) as server:
+        kernel_id = await start_kernel(server)
+        claims = await plane.list_claims({"jupyter-sandbox/kernel-id": kernel_id})
+        assert len(claims) == 1
+        pid = claims[0].resources["pid"]
+        server.proc.kill()  # no shutdown, no cleanup
+        server.proc.wait()
+
+    async def reaped() -> bool:
+        left = await plane.list_claims({"jupyter-sandbox/kernel-id": kernel_id})
+        return not left and not psutil.pid_exists(pid)
+
+    await wait_for(reaped, 30)
+
+
+async def test_kernel_killed_with_sigkill_restarts_in_the_same_sandbox(
+    tmp_path: Path, plane: LocalControlPlane
+) -> None:
+    with jupyter_server(tmp_path) as server:
+        kernel_id = await start_kernel(server)
+        ws = await KernelSocket(server, kernel_id).connect()
+        try:
+            result = await ws.execute("import os; print(os.getpid())")
+            kernel_pid = int(result.stdout)
+            claim = (await plane.list_claims({"jupyter-sandbox/kernel-id": kernel_id}))[0]
+            ws.send(
+                "shell",
+                "execute_request",
+                {
+                    "code": "import os, signal; os.kill(os.getpid(), signal.SIGKILL)",
+                    "silent": False,
+                    "store_history": False,
+                    "user_expressions": {},
+                    "allow_stdin": False,
+                    "stop_on_error": True,
+                },
+            )
+
+            async def restarted() -> bool:
+                try:
+                    again = await ws.execute("import os; print(os.getpid())", timeout=5)
+                except (TimeoutError, asyncio.TimeoutError):
+                    return False
+                return again.status == "ok" and int(again.stdout) != kernel_pid
+
+            await wait_for(restarted, 60, interval=1)
+        finally:
+            ws.close()
+        after = (await plane.list_claims({"jupyter-sandbox/kernel-id": kernel_id}))[0]
+        assert after.name == claim.name and after.sandbox == claim.sandbox
+        await server.request("DELETE", f"/api/kernels/{kernel_id}", expect=204)
+
+
+async def test_sandbox_process_killed_recovers_with_workspace(
+    tmp_path: Path, plane: LocalControlPlane
+) -> None:
+    with jupyter_server(tmp_path) as server:
+        kernel_id = await start_kernel(server)
+        ws = await KernelSocket(server, kernel_id).connect()
+        try:
+            await ws.execute("open('survives.txt', 'w').write('yes')")
+            claim = (await plane.list_claims({"jupyter-sandbox/kernel-id": kernel_id}))[0]
+            os.killpg(claim.resources["pid"], signal.SIGKILL)  # the whole sandbox
+
+            async def working() -> bool:
+                try:
+                    result = await ws.execute("print(open('survives.txt').read())", timeout=5)
+                except (TimeoutError, asyncio.TimeoutError):
+                    return False
+                return result.stdout.strip() == "yes"
+
+            await wait_for(working, 90, interval=1)
+        finally:
+            ws.close()
+        after = (await plane.list_claims({"jupyter-sandbox/kernel-id": kernel_id}))[0]
+        assert after.sandbox == claim.sandbox
+        assert after.resources["restarts"] >= 1
+        await server.request("DELETE", f"/api/kernels/{kernel_id}", expect=204)
+
+
+async def test_pool_refills_after_claims(plane: LocalControlPlane) -> None:
+    status = await plane.claim(ClaimRequest(pool="default"))
+    try:
+        assert status.warm is True
+
+        async def refilled() -> bool:
+            pool = next(p for p in await plane.list_pools() if p.name == "default")
+            return pool.ready >= pool.replicas
+
+        started = time.monotonic()
+        await wait_for(refilled, 60)
+        assert time.monotonic() - started < 60
+    finally:
+        await plane.release(status.name)
+        await plane.release(status.name)  # idempotent
