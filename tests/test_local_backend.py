@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
@@ -227,7 +226,7 @@ async def test_kernel_killed_with_sigkill_restarts_in_the_same_sandbox(
             async def restarted() -> bool:
                 try:
                     again = await ws.execute("import os; print(os.getpid())", timeout=5)
-                except (TimeoutError, asyncio.TimeoutError):
+                except TimeoutError:
                     return False
                 return again.status == "ok" and int(again.stdout) != kernel_pid
 
@@ -253,7 +252,7 @@ async def test_sandbox_process_killed_recovers_with_workspace(
             async def working() -> bool:
                 try:
                     result = await ws.execute("print(open('survives.txt').read())", timeout=5)
-                except (TimeoutError, asyncio.TimeoutError):
+                except TimeoutError:
                     return False
                 return result.stdout.strip() == "yes"
 
