@@ -1,0 +1,100 @@
+"""``python -m benchmarks [--quick]``: measure, print a table, write JSON.
+
+Every figure is measured beside its baseline in the same run and reported as a
+ratio with median and p90. ``--quick`` (what CI runs) uses few repetitions so the
+benchmarks never rot; it asserts nothing about timings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from .stats import Figure, table
+
+
+async def local_figures(args: argparse.Namespace) -> list[Figure]:
+    from jupyter_sandbox.control_plane.local.client import LocalControlPlane
+    from jupyter_sandbox.kernelspec import install_kernelspec
+
+    from . import kernels
+
+    prefix = tempfile.mkdtemp(prefix="bench-kernels-")
+    install_kernelspec("bench", prefix=prefix, name=kernels.SANDBOX)
+    os.environ["JUPYTER_PATH"] = os.pathsep.join(
+        [os.path.join(prefix, "share", "jupyter"), *filter(None, [os.environ.get("JUPYTER_PATH")])]
+    )
+    plane = LocalControlPlane()
+    await plane.ensure_daemon()
+    await plane.apply_pool("bench", {"replicas": 2})
+    figures: list[Figure] = []
+    try:
+        await kernels.wait_pool_warm(plane, "bench")
+        figures.append(await kernels.start_to_ready(plane, args.reps))
+        figures.append(await kernels.execute_round_trip(plane, args.round_trips))
+        figures += await kernels.output_throughput(plane, args.megabytes, max(1, args.reps // 3))
+        figures.append(await kernels.resume_vs_cold(plane, max(1, args.reps // 2)))
+        figures.append(await kernels.idle_memory(plane))
+    finally:
+        await plane.delete_pool("bench")
+        if args.own_daemon:
+            await plane.stop_daemon()
+        await plane.close()
+    return figures
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="few repetitions (CI)")
+    parser.add_argument(
+        "--output", default="benchmarks/results", help="directory for the JSON report"
+    )
+    parser.add_argument("--only", choices=["local", "router"], action="append")
+    args = parser.parse_args(argv)
+    args.reps = 3 if args.quick else 15
+    args.round_trips = 30 if args.quick else 300
+    args.megabytes = 5 if args.quick else 50
+    args.router_seconds = 2 if args.quick else 5
+    args.router_reps = 1 if args.quick else 3
+    args.own_daemon = "JUPYTER_SANDBOX_HOME" not in os.environ
+    if args.own_daemon:
+        os.environ["JUPYTER_SANDBOX_HOME"] = tempfile.mkdtemp(prefix="bench-home-")
+        os.environ.setdefault("JUPYTER_SANDBOX_IDLE_TIMEOUT", "0")
+
+    only = set(args.only or ["local", "router"])
+    figures: list[Figure] = []
+    started = time.time()
+    if "local" in only:
+        figures += asyncio.run(local_figures(args))
+    if "router" in only:
+        from .router_load import router_figures
+
+        figures += router_figures(args.router_seconds, args.router_reps)
+    print(table(figures))
+    out = Path(args.output)
+    out.mkdir(parents=True, exist_ok=True)
+    report = {
+        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+        "quick": args.quick,
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": sys.version.split()[0],
+            "platform": platform.platform(),
+        },
+        "figures": [f.to_json() for f in figures],
+    }
+    path = out / f"bench-{int(started)}.json"
+    path.write_text(json.dumps(report, indent=1))
+    print(f"\nwrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

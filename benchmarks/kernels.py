@@ -1,0 +1,243 @@
+"""Kernel figures: start-to-ready, execute round trip, output throughput, resume, memory."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from typing import Any
+
+import psutil
+from jupyter_client.manager import AsyncKernelManager
+
+from jupyter_sandbox.control_plane.base import ClaimRequest
+from jupyter_sandbox.control_plane.local.client import LocalControlPlane
+
+from .stats import Figure, Series
+
+SANDBOX = "sandbox-bench"
+PLAIN = "python3"
+
+
+async def wait_pool_warm(plane: LocalControlPlane, pool: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        status = next(p for p in await plane.list_pools() if p.name == pool)
+        if status.ready >= status.replicas:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"pool {pool} not warm: {status}")
+        await asyncio.sleep(0.1)
+
+
+async def start_ready(kernel_name: str) -> tuple[float, AsyncKernelManager, Any]:
+    """Seconds from start_kernel to the first kernel_info reply."""
+    km = AsyncKernelManager(kernel_name=kernel_name)
+    started = time.perf_counter()
+    await km.start_kernel()
+    kc = km.client()
+    kc.start_channels()
+    await kc.wait_for_ready(timeout=120)
+    return time.perf_counter() - started, km, kc
+
+
+async def stop(km: AsyncKernelManager, kc: Any) -> None:
+    kc.stop_channels()
+    await km.shutdown_kernel(now=True)
+
+
+async def start_to_ready(plane: LocalControlPlane, reps: int) -> Figure:
+    sandbox, plain = Series("sandbox, warm pool", "s"), Series("plain ipykernel", "s")
+    for _ in range(reps):
+        await wait_pool_warm(plane, "bench")
+        seconds, km, kc = await start_ready(SANDBOX)
+        sandbox.values.append(seconds)
+        await stop(km, kc)
+        seconds, km, kc = await start_ready(PLAIN)
+        plain.values.append(seconds)
+        await stop(km, kc)
+    return Figure("kernel start-to-ready (local)", sandbox, plain, "sandbox <= 0.2x")
+
+
+async def round_trips(kc: Any, reps: int) -> list[float]:
+    times = []
+    for _ in range(reps):
+        started = time.perf_counter()
+        reply = await kc.execute_interactive("pass", timeout=60)
+        assert reply["content"]["status"] == "ok"
+        times.append(time.perf_counter() - started)
+    return times
+
+
+async def execute_round_trip(plane: LocalControlPlane, reps: int) -> Figure:
+    await wait_pool_warm(plane, "bench")
+    _, skm, skc = await start_ready(SANDBOX)
+    _, pkm, pkc = await start_ready(PLAIN)
+    try:
+        await round_trips(skc, 5)
+        await round_trips(pkc, 5)
+        sandbox, plain = Series("sandbox", "ms"), Series("plain ipykernel", "ms")
+        for _ in range(max(1, reps // 10)):  # interleave so drift hits both alike
+            sandbox.values += [t * 1000 for t in await round_trips(skc, 10)]
+            plain.values += [t * 1000 for t in await round_trips(pkc, 10)]
+    finally:
+        await stop(skm, skc)
+        await stop(pkm, pkc)
+    return Figure("execute round trip of `pass`", sandbox, plain, "<= 1.3x")
+
+
+async def _throughput(kc: Any, code: str, expected_bytes: int) -> float:
+    received = 0
+
+    def hook(msg: dict[str, Any]) -> None:
+        nonlocal received
+        if msg["msg_type"] == "stream":
+            received += len(msg["content"]["text"])
+        elif msg["msg_type"] == "comm_open":
+            received += sum(len(b) for b in msg.get("buffers", []))
+
+    started = time.perf_counter()
+    await kc.execute_interactive(code, timeout=600, output_hook=hook)
+    elapsed = time.perf_counter() - started
+    assert received >= expected_bytes * 0.99, (received, expected_bytes)
+    return expected_bytes / elapsed / 1e6
+
+
+async def output_throughput(plane: LocalControlPlane, megabytes: int, reps: int) -> list[Figure]:
+    size = megabytes * 1_000_000
+    printing = (
+        f"import sys\nchunk = 'x' * 999 + '\\n'\n"
+        f"for _ in range({size // 1000}):\n    sys.stdout.write(chunk)\nsys.stdout.flush()"
+    )
+    buffer = (
+        "from comm import create_comm\n"
+        f"c = create_comm(target_name='bench', buffers=[b'\\x00' * {size}])"
+    )
+    await wait_pool_warm(plane, "bench")
+    _, skm, skc = await start_ready(SANDBOX)
+    _, pkm, pkc = await start_ready(PLAIN)
+    figures = []
+    try:
+        for label, code in (("print", printing), ("binary buffer", buffer)):
+            sandbox = Series("sandbox", "MB/s")
+            plain = Series("plain ipykernel", "MB/s")
+            for _ in range(reps):
+                sandbox.values.append(await _throughput(skc, code, size))
+                plain.values.append(await _throughput(pkc, code, size))
+            figures.append(
+                Figure(
+                    f"output throughput, {megabytes} MB {label}",
+                    sandbox,
+                    plain,
+                    ">= 0.7x",
+                    higher_is_better=True,
+                )
+            )
+    finally:
+        await stop(skm, skc)
+        await stop(pkm, pkc)
+    return figures
+
+
+async def resume_vs_cold(plane: LocalControlPlane, reps: int) -> Figure:
+    resumed, cold = Series("resume after suspend", "s"), Series("cold start", "s")
+    for _ in range(reps):
+        await wait_pool_warm(plane, "bench")
+        claim = await plane.claim(ClaimRequest(pool="bench"))
+        await plane.wait_ready(claim.name, 60)
+        await plane.suspend(claim.name)
+        await _wait_phase(plane, claim.name, "Suspended")
+        started = time.perf_counter()
+        await plane.resume(claim.name)
+        await plane.wait_ready(claim.name, 120)
+        resumed.values.append(time.perf_counter() - started)
+        await plane.release(claim.name)
+
+        started = time.perf_counter()
+        # An env forces a cold start (no warm sandbox can carry it).
+        claim = await plane.claim(ClaimRequest(pool="bench", env={"BENCH": uuid.uuid4().hex}))
+        await plane.wait_ready(claim.name, 120)
+        cold.values.append(time.perf_counter() - started)
+        await plane.release(claim.name)
+    return Figure("resume after suspend to kernel ready", resumed, cold, "stated")
+
+
+async def _wait_phase(plane: LocalControlPlane, name: str, phase: str) -> None:
+    while True:
+        status = await plane.status(name)
+        if status is not None and status.phase == phase:
+            return
+        await asyncio.sleep(0.05)
+
+
+def _tree_rss(pid: int) -> int:
+    proc = psutil.Process(pid)
+    total = proc.memory_info().rss
+    for child in proc.children(recursive=True):
+        try:
+            total += child.memory_info().rss
+        except psutil.Error:
+            pass
+    return total
+
+
+async def idle_memory(plane: LocalControlPlane) -> Figure:
+    await wait_pool_warm(plane, "bench")
+    claim = await plane.claim(ClaimRequest(pool="bench"))
+    await plane.wait_ready(claim.name, 60)
+    await asyncio.sleep(3)
+    pid = claim.resources["pid"]
+    sandbox = Series("runtime + kernel (bwrap tree)", "MB", [_tree_rss(pid) / 1e6])
+    await plane.release(claim.name)
+
+    # The approach other products take: a jupyter_server in the sandbox, plus its kernel.
+    port = _free_port()
+    token = uuid.uuid4().hex
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "jupyter_server",
+            f"--port={port}",
+            "--no-browser",
+            f"--IdentityProvider.token={token}",
+            "--allow-root",
+            "--ServerApp.ip=127.0.0.1",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        from tornado.httpclient import AsyncHTTPClient
+
+        client = AsyncHTTPClient()
+        for _ in range(300):
+            try:
+                await client.fetch(
+                    f"http://127.0.0.1:{port}/api/kernels",
+                    headers={"Authorization": f"token {token}"},
+                    method="POST",
+                    body='{"name": "python3"}',
+                )
+                break
+            except Exception:
+                await asyncio.sleep(0.1)
+        await asyncio.sleep(3)
+        baseline = Series("jupyter_server + ipykernel", "MB", [_tree_rss(server.pid) / 1e6])
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(30)
+    return Figure("memory of one idle warm sandbox", sandbox, baseline, "lower")
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
