@@ -1,0 +1,428 @@
+import {
+  ILabShell,
+  JupyterFrontEnd,
+  JupyterFrontEndPlugin
+} from '@jupyterlab/application';
+import { Dialog, ICommandPalette, Notification, showDialog } from '@jupyterlab/apputils';
+import { ILauncher } from '@jupyterlab/launcher';
+import { IMainMenu } from '@jupyterlab/mainmenu';
+import { INotebookTracker, NotebookPanel } from '@jupyterlab/notebook';
+import { KernelSpec, ServerConnection } from '@jupyterlab/services';
+import { IStatusBar } from '@jupyterlab/statusbar';
+import { CommandToolbarButton, LabIcon, pauseIcon, runIcon, infoIcon } from '@jupyterlab/ui-components';
+import { ReadonlyPartialJSONObject } from '@lumino/coreutils';
+import { Widget } from '@lumino/widgets';
+
+import { kernelDetails, resumeKernel, SandboxEvents, suspendKernel } from './api';
+import { errorAdvice, errorText, ISnapshot, progressText, sandboxSpecInfo } from './model';
+import { detailsNode, IActiveKernel, SandboxPanel, SandboxStatus, sandboxIcon } from './widgets';
+
+import '../style/index.css';
+
+export namespace CommandIDs {
+  export const suspend = 'jupyter-sandbox:suspend';
+  export const resume = 'jupyter-sandbox:resume';
+  export const details = 'jupyter-sandbox:details';
+  export const showPanel = 'jupyter-sandbox:show-panel';
+  export const newNotebook = 'jupyter-sandbox:new-notebook';
+  export const newConsole = 'jupyter-sandbox:new-console';
+}
+
+const CATEGORY = 'Sandbox';
+export const LAUNCHER_NOTEBOOKS = 'Sandboxed notebooks';
+export const LAUNCHER_CONSOLES = 'Sandboxed consoles';
+
+function isSandboxSpec(specs: KernelSpec.ISpecModels | null, name: unknown): boolean {
+  return typeof name === 'string' && !!sandboxSpecInfo(specs?.kernelspecs[name] ?? undefined);
+}
+
+/** The kernelspec's own SVG logo as a LabIcon (falls back to the bundled sandbox icon). */
+async function kernelIcon(spec: KernelSpec.ISpecModel): Promise<LabIcon> {
+  const url = spec.resources?.['logo-svg'];
+  if (!url) {
+    return sandboxIcon;
+  }
+  try {
+    const settings = ServerConnection.makeSettings();
+    const response = await ServerConnection.makeRequest(url, {}, settings);
+    const svgstr = await response.text();
+    if (!response.ok || !svgstr.includes('<svg')) {
+      return sandboxIcon;
+    }
+    return new LabIcon({ name: `jupyter-sandbox:kernel-${spec.name}`, svgstr });
+  } catch {
+    return sandboxIcon;
+  }
+}
+
+const plugin: JupyterFrontEndPlugin<void> = {
+  id: 'jupyter-sandbox:plugin',
+  description: 'Sandboxed kernels: status bar, pools panel, suspend/resume, claim progress.',
+  autoStart: true,
+  requires: [INotebookTracker],
+  optional: [IStatusBar, ICommandPalette, ILauncher, IMainMenu, ILabShell],
+  activate: (
+    app: JupyterFrontEnd,
+    tracker: INotebookTracker,
+    statusBar: IStatusBar | null,
+    palette: ICommandPalette | null,
+    launcher: ILauncher | null,
+    mainMenu: IMainMenu | null,
+    labShell: ILabShell | null
+  ) => {
+    const { commands, serviceManager } = app;
+    const specs = (): KernelSpec.ISpecModels | null => serviceManager.kernelspecs.specs;
+    const events = new SandboxEvents(serviceManager.serverSettings);
+
+    // -- the active notebook -------------------------------------------------
+    const status = new SandboxStatus(events, specs);
+    const active = (): IActiveKernel | null => {
+      const panel = tracker.currentWidget;
+      if (!panel) {
+        return null;
+      }
+      const context = panel.sessionContext;
+      const kernel = context.session?.kernel ?? null;
+      return {
+        id: kernel?.id ?? null,
+        name: kernel?.name ?? context.kernelPreference.name ?? null,
+        status: kernel?.status ?? context.kernelDisplayStatus ?? null
+      };
+    };
+    const activeKernelId = (): string | null => active()?.id ?? null;
+    const updateActive = () => {
+      status.setActive(active());
+      commands.notifyCommandChanged(CommandIDs.suspend);
+      commands.notifyCommandChanged(CommandIDs.resume);
+      commands.notifyCommandChanged(CommandIDs.details);
+    };
+    let watched: NotebookPanel | null = null;
+    const watch = (panel: NotebookPanel | null) => {
+      if (watched) {
+        watched.sessionContext.statusChanged.disconnect(updateActive);
+        watched.sessionContext.kernelChanged.disconnect(updateActive);
+        watched.sessionContext.connectionStatusChanged.disconnect(updateActive);
+      }
+      watched = panel;
+      if (panel) {
+        panel.sessionContext.statusChanged.connect(updateActive);
+        panel.sessionContext.kernelChanged.connect(updateActive);
+        panel.sessionContext.connectionStatusChanged.connect(updateActive);
+      }
+      updateActive();
+    };
+    tracker.currentChanged.connect((_, panel) => watch(panel));
+    watch(tracker.currentWidget);
+    events.changed.connect(() => updateActive());
+    serviceManager.kernelspecs.specsChanged.connect(() => updateActive());
+
+    if (statusBar) {
+      statusBar.registerStatusItem('jupyter-sandbox:status', {
+        item: status,
+        align: 'left',
+        rank: 5,
+        isActive: () => !!tracker.currentWidget
+      });
+    }
+
+    // -- commands ----------------------------------------------------------
+    const targetKernel = (args: ReadonlyPartialJSONObject): string | null =>
+      typeof args.kernelId === 'string' ? args.kernelId : activeKernelId();
+    const activeEntry = (args: ReadonlyPartialJSONObject) => events.kernel(targetKernel(args));
+
+    commands.addCommand(CommandIDs.suspend, {
+      label: 'Suspend Sandbox',
+      caption: 'Release the sandbox compute now; the workspace is kept and the next run resumes it',
+      icon: args => (args.toolbar ? pauseIcon : undefined),
+      isEnabled: args => {
+        const entry = activeEntry(args);
+        return !!entry && !entry.sandbox.suspended;
+      },
+      execute: async args => {
+        const kernelId = targetKernel(args);
+        if (!kernelId) {
+          return;
+        }
+        try {
+          const entry = await suspendKernel(kernelId);
+          events.updateKernel(entry);
+          Notification.info(
+            `Sandbox ${entry.sandbox.sandbox ?? ''} suspended: workspace kept, the next run resumes it.`,
+            { autoClose: 4000 }
+          );
+        } catch (err) {
+          Notification.error(`Could not suspend the sandbox: ${(err as Error).message}`);
+        }
+      }
+    });
+    commands.addCommand(CommandIDs.resume, {
+      label: 'Resume Sandbox',
+      caption: 'Start the suspended sandbox again (a new kernel process, same workspace)',
+      icon: args => (args.toolbar ? runIcon : undefined),
+      isEnabled: args => !!activeEntry(args)?.sandbox.suspended,
+      execute: async args => {
+        const kernelId = targetKernel(args);
+        if (!kernelId) {
+          return;
+        }
+        const id = Notification.emit('Resuming the sandbox…', 'in-progress', {
+          autoClose: false
+        });
+        try {
+          events.updateKernel(await resumeKernel(kernelId));
+          Notification.update({
+            id,
+            message: 'Sandbox resumed: the kernel is new, the workspace is kept.',
+            type: 'success',
+            autoClose: 4000
+          });
+        } catch (err) {
+          Notification.update({
+            id,
+            message: `Could not resume the sandbox: ${(err as Error).message}`,
+            type: 'error',
+            autoClose: false
+          });
+        }
+      }
+    });
+    commands.addCommand(CommandIDs.details, {
+      label: 'Show Sandbox Details',
+      caption: 'Pool, sandbox, workspace path, age, resources and isolation',
+      icon: args => (args.toolbar ? infoIcon : undefined),
+      isEnabled: args => !!activeEntry(args),
+      execute: async args => {
+        const kernelId = targetKernel(args);
+        if (!kernelId) {
+          return;
+        }
+        try {
+          const entry = await kernelDetails(kernelId);
+          await showDialog({
+            title: 'Sandbox details',
+            body: new Widget({ node: detailsNode(entry) }),
+            buttons: [Dialog.okButton({ label: 'Close' })]
+          });
+        } catch (err) {
+          Notification.error(`Could not read the sandbox details: ${(err as Error).message}`);
+        }
+      }
+    });
+
+    for (const command of [CommandIDs.suspend, CommandIDs.resume, CommandIDs.details]) {
+      palette?.addItem({ command, category: CATEGORY });
+    }
+    mainMenu?.kernelMenu.addGroup(
+      [
+        { command: CommandIDs.suspend },
+        { command: CommandIDs.resume },
+        { command: CommandIDs.details }
+      ],
+      1000
+    );
+
+    // Notebook toolbar: the three actions, after the kernel status.
+    tracker.widgetAdded.connect((_, panel) => {
+      const button = (id: string, name: string) =>
+        panel.toolbar.addItem(
+          name,
+          new CommandToolbarButton({ commands, id, args: { toolbar: true } })
+        );
+      button(CommandIDs.suspend, 'sandbox-suspend');
+      button(CommandIDs.resume, 'sandbox-resume');
+      button(CommandIDs.details, 'sandbox-details');
+    });
+
+    // -- the side panel ---------------------------------------------------
+    const sessionPath = (kernelId: string): string | null => {
+      for (const model of serviceManager.sessions.running()) {
+        if (model.kernel?.id === kernelId) {
+          return model.path;
+        }
+      }
+      return null;
+    };
+    const panel = new SandboxPanel(
+      events,
+      {
+        suspend: kernelId => void commands.execute(CommandIDs.suspend, { kernelId }),
+        resume: kernelId => void commands.execute(CommandIDs.resume, { kernelId }),
+        details: kernelId => void commands.execute(CommandIDs.details, { kernelId }),
+        open: kernelId => {
+          const path = sessionPath(kernelId);
+          if (path) {
+            void commands.execute('docmanager:open', { path });
+          }
+        }
+      },
+      sessionPath
+    );
+    app.shell.add(panel, 'left', { rank: 650 });
+    commands.addCommand(CommandIDs.showPanel, {
+      label: 'Show Sandboxes Panel',
+      execute: () => app.shell.activateById(panel.id)
+    });
+    palette?.addItem({ command: CommandIDs.showPanel, category: CATEGORY });
+
+    // -- claim progress and errors, in words -------------------------------
+    watchStarts(events, specs);
+
+    // -- launcher: sandboxed kernels in their own sections ------------------
+    if (launcher) {
+      void setUpLauncher(app, launcher, specs);
+    }
+    void labShell;
+  }
+};
+
+/** Tell the user what a starting kernel waits for, and why a start failed. */
+function watchStarts(events: SandboxEvents, specs: () => KernelSpec.ISpecModels | null): void {
+  const shown = new Map<string, string>(); // kernel id -> notification id
+  const reported = new Set<string>();
+  const since = Date.now() / 1000;
+  const display = (name: string) => specs()?.kernelspecs[name]?.display_name ?? name;
+  events.changed.connect((_, snapshot: ISnapshot) => {
+    const live = new Set<string>();
+    for (const entry of snapshot.starting) {
+      const key = entry.id ?? `${entry.name}@${entry.at}`;
+      if (entry.state === 'starting') {
+        live.add(key);
+        const message = `${display(entry.name)}: ${progressText(entry)}`;
+        const id = shown.get(key);
+        if (id) {
+          Notification.update({ id, message, type: 'in-progress' });
+        } else {
+          shown.set(key, Notification.emit(message, 'in-progress', { autoClose: false }));
+        }
+      } else if (entry.error && !reported.has(key) && (entry.at ?? 0) >= since - 5) {
+        reported.add(key);
+        const id = shown.get(key);
+        const message =
+          `Could not start ${display(entry.name)}: ${errorText(entry.error)}. ` +
+          errorAdvice(entry.error);
+        if (id) {
+          Notification.update({ id, message, type: 'error', autoClose: false });
+          shown.delete(key);
+        } else {
+          Notification.error(message, { autoClose: false });
+        }
+      }
+    }
+    for (const [key, id] of Array.from(shown.entries())) {
+      if (live.has(key)) {
+        continue;
+      }
+      shown.delete(key);
+      const kernel = snapshot.kernels.find(k => k.id === key);
+      if (kernel) {
+        const how = kernel.sandbox.warm ? 'claimed warm' : 'cold start';
+        Notification.update({
+          id,
+          message: `Sandbox ${kernel.sandbox.sandbox} ready (${how}).`,
+          type: 'success',
+          autoClose: 3000
+        });
+      } else {
+        Notification.dismiss(id);
+      }
+    }
+  });
+}
+
+async function setUpLauncher(
+  app: JupyterFrontEnd,
+  launcher: ILauncher,
+  specs: () => KernelSpec.ISpecModels | null
+): Promise<void> {
+  const { commands, serviceManager } = app;
+  await serviceManager.kernelspecs.ready;
+  const icons = new Map<string, LabIcon>();
+  const label = (args: ReadonlyPartialJSONObject) => {
+    const name = String(args.kernelName ?? '');
+    const display = specs()?.kernelspecs[name]?.display_name ?? name;
+    return args.isLauncher ? display : `New Notebook: ${display}`;
+  };
+  commands.addCommand(CommandIDs.newNotebook, {
+    label,
+    caption: 'A notebook whose kernel runs in its own sandbox',
+    icon: args => icons.get(String(args.kernelName)) ?? sandboxIcon,
+    execute: args =>
+      commands.execute('notebook:create-new', {
+        kernelName: args.kernelName ?? null,
+        cwd: args.cwd ?? ''
+      })
+  });
+  commands.addCommand(CommandIDs.newConsole, {
+    label: args => {
+      const name = String(args.kernelName ?? '');
+      const display = specs()?.kernelspecs[name]?.display_name ?? name;
+      return args.isLauncher ? display : `New Console: ${display}`;
+    },
+    caption: 'A console whose kernel runs in its own sandbox',
+    icon: args => icons.get(String(args.kernelName)) ?? sandboxIcon,
+    execute: args =>
+      commands.execute('console:create', {
+        kernelPreference: { name: args.kernelName ?? null },
+        basePath: args.cwd ?? '',
+        cwd: args.cwd ?? ''
+      })
+  });
+
+  // JupyterLab's own Notebook/Console sections list every kernelspec; the
+  // sandboxed ones are shown in their own sections instead. The launcher model
+  // has no removal API for items another plugin added, so filter on read.
+  const model = launcher as ILauncher & { items?: () => IterableIterator<ILauncher.IItemOptions> };
+  if (typeof model.items === 'function') {
+    const original = model.items.bind(model);
+    model.items = function* () {
+      for (const item of original()) {
+        const name = item.args?.kernelName ?? (item.args?.kernelPreference as any)?.name;
+        const builtIn = item.command === 'notebook:create-new' || item.command === 'console:create';
+        if (builtIn && isSandboxSpec(specs(), name)) {
+          continue;
+        }
+        yield item;
+      }
+    };
+  }
+
+  let added: { dispose(): void }[] = [];
+  const refresh = async () => {
+    for (const d of added) {
+      d.dispose();
+    }
+    added = [];
+    const all = specs()?.kernelspecs ?? {};
+    const names = Object.keys(all)
+      .filter(name => isSandboxSpec(specs(), name))
+      .sort((a, b) => (all[a]?.display_name ?? a).localeCompare(all[b]?.display_name ?? b));
+    for (const name of names) {
+      const spec = all[name];
+      if (spec && !icons.has(name)) {
+        icons.set(name, await kernelIcon(spec));
+      }
+    }
+    names.forEach((name, rank) => {
+      added.push(
+        launcher.add({
+          command: CommandIDs.newNotebook,
+          args: { isLauncher: true, kernelName: name },
+          category: LAUNCHER_NOTEBOOKS,
+          categoryRank: 10,
+          rank
+        }),
+        launcher.add({
+          command: CommandIDs.newConsole,
+          args: { isLauncher: true, kernelName: name },
+          category: LAUNCHER_CONSOLES,
+          categoryRank: 25,
+          rank
+        })
+      );
+    });
+  };
+  await refresh();
+  serviceManager.kernelspecs.specsChanged.connect(() => void refresh());
+}
+
+export default plugin;

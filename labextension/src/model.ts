@@ -1,0 +1,421 @@
+/**
+ * Pure logic of the sandbox UI: types of the server's answers, the state shown
+ * to the user, isolation wording, error advice, formatting, and a parser for
+ * the server-sent event stream. No JupyterLab imports: unit-tested on its own.
+ */
+
+export interface IProgress {
+  step: string;
+  detail: string;
+  since?: number;
+}
+
+/** `SandboxProvisioner.describe()` as the server extension reports it. */
+export interface ISandboxDescription {
+  claim: string | null;
+  pool?: string;
+  sandbox?: string | null;
+  namespace?: string | null;
+  isolation?: string | null;
+  isolation_detail?: string | null;
+  workspace?: string | null;
+  warm?: boolean | null;
+  progress?: IProgress;
+  suspended?: boolean;
+  connected?: boolean;
+  kernel?: Record<string, unknown>;
+  created?: number | null;
+  resources?: Record<string, unknown>;
+}
+
+export interface IKernelEntry {
+  id: string;
+  name: string;
+  execution_state: string | null;
+  backend: string;
+  sandbox: ISandboxDescription;
+  claim_status?: Record<string, unknown> | null;
+}
+
+export interface IStartError {
+  reason: string;
+  message: string;
+  hint: string;
+}
+
+export interface IStartingEntry {
+  id: string | null;
+  name: string;
+  state: 'starting' | 'failed';
+  pool?: string;
+  backend?: string;
+  sandbox?: ISandboxDescription;
+  error?: IStartError;
+  at?: number;
+}
+
+export interface IPoolEntry {
+  name: string;
+  namespace: string;
+  replicas: number;
+  ready: number;
+  starting: number;
+  claimed: number;
+  isolation: string;
+  display_name: string;
+  backend?: string;
+}
+
+export interface ISnapshot {
+  kernels: IKernelEntry[];
+  starting: IStartingEntry[];
+  pools: IPoolEntry[];
+  daemon: { running: boolean; message: string };
+}
+
+export const EMPTY_SNAPSHOT: ISnapshot = {
+  kernels: [],
+  starting: [],
+  pools: [],
+  daemon: { running: false, message: 'not connected yet' }
+};
+
+/** The states a user sees, in the order a sandbox goes through them. */
+export type SandboxState =
+  | 'claiming'
+  | 'waiting'
+  | 'ready'
+  | 'busy'
+  | 'idle'
+  | 'suspending'
+  | 'suspended'
+  | 'resuming'
+  | 'restarting'
+  | 'failed'
+  | 'dead'
+  | 'unknown';
+
+/**
+ * Combine the server's view of the sandbox with the browser's view of the kernel.
+ *
+ * The sandbox's own steps (claiming, waiting for the pool, suspending,
+ * suspended, resuming, failed) win; once it is ready, the kernel's execution
+ * state (busy/idle) tells the rest.
+ */
+export function sandboxState(
+  sandbox: ISandboxDescription | null | undefined,
+  kernelStatus: string | null | undefined
+): SandboxState {
+  const step = sandbox?.progress?.step;
+  if (step === 'failed') {
+    return 'failed';
+  }
+  if (step === 'resuming') {
+    return 'resuming';
+  }
+  if (step === 'suspending') {
+    return 'suspending';
+  }
+  if (sandbox?.suspended || step === 'suspended') {
+    return 'suspended';
+  }
+  if (step === 'claiming') {
+    return 'claiming';
+  }
+  if (step === 'waiting') {
+    return 'waiting';
+  }
+  switch (kernelStatus) {
+    case 'busy':
+      return 'busy';
+    case 'idle':
+      return 'idle';
+    case 'restarting':
+    case 'autorestarting':
+      return 'restarting';
+    case 'dead':
+      return 'dead';
+    case 'starting':
+    case 'initializing':
+      return sandbox?.claim ? 'ready' : 'claiming';
+    default:
+      break;
+  }
+  if (step === 'ready') {
+    return 'ready';
+  }
+  return sandbox ? 'unknown' : 'claiming';
+}
+
+/** Words for a state, as the status bar shows them. */
+export function stateLabel(state: SandboxState): string {
+  switch (state) {
+    case 'claiming':
+      return 'claiming…';
+    case 'waiting':
+      return 'waiting for sandbox…';
+    case 'suspending':
+      return 'suspending…';
+    case 'resuming':
+      return 'resuming…';
+    case 'restarting':
+      return 'restarting…';
+    default:
+      return state;
+  }
+}
+
+export interface IIsolation {
+  /** Short words for the status bar. */
+  label: string;
+  /** True when the sandbox is NOT isolated from the server's user. */
+  warning: boolean;
+  /** A sentence for tooltips and the details dialog. */
+  description: string;
+}
+
+/** Say how a sandbox is isolated, and warn plainly when it is not. */
+export function isolationInfo(
+  isolation: string | null | undefined,
+  detail?: string | null
+): IIsolation {
+  const extra = detail ? ` (${detail})` : '';
+  switch ((isolation ?? '').toLowerCase()) {
+    case 'bubblewrap':
+      return {
+        label: 'bubblewrap',
+        warning: false,
+        description: `Isolated with bubblewrap (Linux namespaces)${extra}.`
+      };
+    case 'kubernetes':
+    case 'runtimeclass': {
+      const runtime = detail ? `runtime class ${detail}` : 'default runtime';
+      return {
+        label: detail ? `k8s: ${detail}` : 'kubernetes',
+        warning: false,
+        description: `Runs in its own Kubernetes pod (${runtime}).`
+      };
+    }
+    case 'none':
+      return {
+        label: 'not isolated',
+        warning: true,
+        description:
+          'NOT isolated: code in this kernel runs as your own user on the server' +
+          `${extra}. Do not run untrusted code here.`
+      };
+    default:
+      return {
+        label: 'isolation unknown',
+        warning: true,
+        description: 'The isolation of this sandbox is not known yet.'
+      };
+  }
+}
+
+/** What to tell the user about a failed claim, and what they can do about it. */
+export function errorAdvice(error: Partial<IStartError>): string {
+  switch (error.reason) {
+    case 'PoolNotFound':
+      return (
+        'This kernel asks for a sandbox pool that does not exist. Create the pool ' +
+        '(see the message) or pick another sandboxed kernel.'
+      );
+    case 'QuotaExceeded':
+      return (
+        'You have reached your sandbox quota. Shut down a kernel you no longer ' +
+        'need (Sandboxes panel), then try again.'
+      );
+    case 'Timeout':
+      return (
+        'No sandbox became ready in time. The pool may be empty or still warming ' +
+        'up: try again in a minute, or ask for a larger pool.'
+      );
+    case 'BackendUnavailable':
+      return (
+        'The sandbox service is not reachable. Check that it runs (jupyter-sandbox ' +
+        'daemon for local sandboxes, the cluster otherwise).'
+      );
+    case 'Invalid':
+      return 'The kernel specification is not valid for sandboxes: check its configuration.';
+    default:
+      return 'Starting the sandbox failed. The server log has the details.';
+  }
+}
+
+/** The message plus its hint, when the server gave one. */
+export function errorText(error: Partial<IStartError>): string {
+  const message = error.message || 'the sandbox could not be claimed';
+  return error.hint ? `${message} (${error.hint})` : message;
+}
+
+/** What is happening while a kernel starts, in words. */
+export function progressText(entry: Pick<IStartingEntry, 'pool' | 'sandbox'>): string {
+  const pool = entry.pool ?? entry.sandbox?.pool ?? '?';
+  const step = entry.sandbox?.progress?.step;
+  const detail = entry.sandbox?.progress?.detail;
+  const warm = entry.sandbox?.warm;
+  if (step === 'waiting') {
+    const how =
+      warm === false ? 'cold start: the pool had no warm sandbox' : 'waiting for the pool';
+    return `Pool '${pool}': ${how}${detail ? ` (${detail})` : ''}…`;
+  }
+  if (step === 'ready') {
+    return `Pool '${pool}': ${warm ? 'claimed a warm sandbox' : 'cold start done'}, connecting…`;
+  }
+  return `Claiming a sandbox from pool '${pool}'…`;
+}
+
+/** "3 s", "5 min", "2 h 10 min", "4 d 3 h". */
+export function formatAge(seconds: number): string {
+  if (!isFinite(seconds) || seconds < 0) {
+    return '–';
+  }
+  const s = Math.floor(seconds);
+  if (s < 60) {
+    return `${s} s`;
+  }
+  const m = Math.floor(s / 60);
+  if (m < 60) {
+    return `${m} min`;
+  }
+  const h = Math.floor(m / 60);
+  if (h < 24) {
+    return m % 60 ? `${h} h ${m % 60} min` : `${h} h`;
+  }
+  const d = Math.floor(h / 24);
+  return h % 24 ? `${d} d ${h % 24} h` : `${d} d`;
+}
+
+/** Age of a sandbox from its creation time (seconds since the epoch). */
+export function sandboxAge(
+  created: number | null | undefined,
+  nowMs: number = Date.now()
+): string {
+  if (!created) {
+    return '–';
+  }
+  return formatAge(nowMs / 1000 - created);
+}
+
+/** "2/3 warm" for a pool, plus what is starting. */
+export function poolSummary(pool: IPoolEntry): string {
+  const parts = [`${pool.ready}/${pool.replicas} warm`];
+  if (pool.starting) {
+    parts.push(`${pool.starting} starting`);
+  }
+  if (pool.claimed) {
+    parts.push(`${pool.claimed} in use`);
+  }
+  return parts.join(', ');
+}
+
+/** Does a kernelspec select the sandbox provisioner? Which pool and backend? */
+export function sandboxSpecInfo(
+  spec: { metadata?: Record<string, unknown> } | null | undefined
+): { pool: string; backend: string } | null {
+  const meta = spec?.metadata?.['jupyter_sandbox'] as
+    | { pool?: unknown; backend?: unknown }
+    | undefined;
+  if (meta && typeof meta.pool === 'string') {
+    return {
+      pool: meta.pool,
+      backend: typeof meta.backend === 'string' ? meta.backend : 'local'
+    };
+  }
+  const provisioner = spec?.metadata?.['kernel_provisioner'] as
+    | { provisioner_name?: unknown; config?: { pool?: unknown; backend?: unknown } }
+    | undefined;
+  if (provisioner?.provisioner_name === 'sandbox-provisioner') {
+    const pool = provisioner.config?.pool;
+    const backend = provisioner.config?.backend;
+    return {
+      pool: typeof pool === 'string' ? pool : 'default',
+      backend: typeof backend === 'string' ? backend : 'local'
+    };
+  }
+  return null;
+}
+
+export interface IServerSentEvent {
+  event: string;
+  data: string;
+  id?: string;
+}
+
+/**
+ * Incremental parser of a `text/event-stream` body (the WHATWG format):
+ * feed it text as it arrives, get whole events back.
+ */
+export class EventStreamParser {
+  private _buffer = '';
+  private _event = '';
+  private _data: string[] = [];
+  private _id: string | undefined;
+
+  feed(chunk: string): IServerSentEvent[] {
+    this._buffer += chunk;
+    const events: IServerSentEvent[] = [];
+    let newline: number;
+    while ((newline = this._nextLineEnd()) >= 0) {
+      let line = this._buffer.slice(0, newline);
+      let skip = 1;
+      if (this._buffer[newline] === '\r' && this._buffer[newline + 1] === '\n') {
+        skip = 2;
+      }
+      this._buffer = this._buffer.slice(newline + skip);
+      if (line === '') {
+        if (this._data.length) {
+          events.push({
+            event: this._event || 'message',
+            data: this._data.join('\n'),
+            ...(this._id !== undefined ? { id: this._id } : {})
+          });
+        }
+        this._event = '';
+        this._data = [];
+        continue;
+      }
+      if (line.startsWith(':')) {
+        continue; // a comment (keep-alive)
+      }
+      const colon = line.indexOf(':');
+      let field = line;
+      let value = '';
+      if (colon >= 0) {
+        field = line.slice(0, colon);
+        value = line.slice(colon + 1);
+        if (value.startsWith(' ')) {
+          value = value.slice(1);
+        }
+      }
+      line = '';
+      if (field === 'event') {
+        this._event = value;
+      } else if (field === 'data') {
+        this._data.push(value);
+      } else if (field === 'id') {
+        this._id = value;
+      }
+    }
+    return events;
+  }
+
+  private _nextLineEnd(): number {
+    const n = this._buffer.indexOf('\n');
+    const r = this._buffer.indexOf('\r');
+    if (r >= 0 && (n < 0 || r < n)) {
+      // A lone CR at the very end may be the first half of CRLF: wait for more.
+      if (r === this._buffer.length - 1) {
+        return -1;
+      }
+      return r;
+    }
+    return n;
+  }
+}
+
+/** Delay before the next reconnection attempt: 1 s, 2 s, 4 s … at most 30 s. */
+export function backoffDelay(attempt: number): number {
+  return Math.min(30000, 1000 * Math.pow(2, Math.max(0, attempt)));
+}

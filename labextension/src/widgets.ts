@@ -1,0 +1,384 @@
+import { KernelSpec } from '@jupyterlab/services';
+import { LabIcon } from '@jupyterlab/ui-components';
+import { Widget } from '@lumino/widgets';
+
+import { SandboxEvents } from './api';
+import {
+  errorAdvice,
+  errorText,
+  IKernelEntry,
+  IPoolEntry,
+  isolationInfo,
+  ISnapshot,
+  poolSummary,
+  progressText,
+  sandboxAge,
+  sandboxSpecInfo,
+  sandboxState,
+  SandboxState,
+  stateLabel
+} from './model';
+
+import sandboxSvgStr from '../style/icons/sandbox.svg';
+
+export const sandboxIcon = new LabIcon({
+  name: 'jupyter-sandbox:sandbox',
+  svgstr: sandboxSvgStr
+});
+
+function el<K extends keyof HTMLElementTagNameMap>(
+  tag: K,
+  attrs: Record<string, string> = {},
+  ...children: (Node | string)[]
+): HTMLElementTagNameMap[K] {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs)) {
+    if (key === 'class') {
+      node.className = value;
+    } else {
+      node.setAttribute(key, value);
+    }
+  }
+  for (const child of children) {
+    node.append(child);
+  }
+  return node;
+}
+
+/** What the status bar needs to know about the active notebook. */
+export interface IActiveKernel {
+  /** The kernel id, once the kernel exists. */
+  id: string | null;
+  /** The kernelspec name (or the preferred one while starting). */
+  name: string | null;
+  /** The browser's view: idle, busy, starting, restarting, dead … */
+  status: string | null;
+}
+
+/**
+ * Status bar item for the active notebook: pool, sandbox, state, isolation.
+ * Hidden when the notebook's kernel is not sandboxed.
+ */
+export class SandboxStatus extends Widget {
+  constructor(
+    private _events: SandboxEvents,
+    private _specs: () => KernelSpec.ISpecModels | null
+  ) {
+    super();
+    this.addClass('jp-SandboxStatus');
+    this.node.setAttribute('data-sandbox-state', 'none');
+    this._events.changed.connect(this.refresh, this);
+  }
+
+  setActive(active: IActiveKernel | null): void {
+    this._active = active;
+    this.refresh();
+  }
+
+  /** The state shown now ('none' when the notebook is not sandboxed). */
+  get state(): SandboxState | 'none' {
+    return this._state;
+  }
+
+  get visibleForActive(): boolean {
+    return this._state !== 'none';
+  }
+
+  refresh(): void {
+    const active = this._active;
+    const spec = active?.name ? this._specs()?.kernelspecs[active.name] : null;
+    const specInfo = sandboxSpecInfo(spec ?? undefined);
+    const entry: IKernelEntry | undefined = this._events.kernel(active?.id);
+    this.node.textContent = '';
+    if (!active || (!specInfo && !entry)) {
+      this._state = 'none';
+      this.node.setAttribute('data-sandbox-state', 'none');
+      this.node.title = '';
+      this.node.style.display = 'none';
+      return;
+    }
+    this.node.style.display = '';
+    const sandbox = entry?.sandbox;
+    let state: SandboxState = sandboxState(sandbox, active.status);
+    let detail = sandbox?.progress?.detail ?? '';
+    const starting = this._events.snapshot.starting.find(
+      s => (active.id && s.id === active.id) || (!entry && s.name === active.name)
+    );
+    if (!entry && starting?.state === 'starting') {
+      state = sandboxState(starting.sandbox, 'starting');
+      detail = progressText(starting);
+    } else if (!entry && starting?.state === 'failed' && starting.error) {
+      state = 'failed';
+      detail = `${errorText(starting.error)} ${errorAdvice(starting.error)}`;
+    } else if (!entry && !active.id) {
+      state = 'claiming';
+      detail = progressText({ pool: specInfo?.pool });
+    }
+    this._state = state;
+    this.node.setAttribute('data-sandbox-state', state);
+    const pool = sandbox?.pool ?? specInfo?.pool ?? '?';
+    const isolation = isolationInfo(sandbox?.isolation, sandbox?.isolation_detail);
+
+    const icon = el('span', { class: 'jp-SandboxStatus-icon' });
+    sandboxIcon.element({ container: icon, height: '14px', width: '14px' });
+    const parts: (Node | string)[] = [
+      icon,
+      el('span', { class: 'jp-SandboxStatus-pool' }, pool)
+    ];
+    if (sandbox?.sandbox) {
+      parts.push(' · ', el('span', { class: 'jp-SandboxStatus-name' }, sandbox.sandbox));
+    }
+    parts.push(
+      ' · ',
+      el(
+        'span',
+        { class: `jp-SandboxStatus-state jp-SandboxState-${state}` },
+        stateLabel(state)
+      )
+    );
+    if (sandbox?.isolation) {
+      parts.push(
+        ' · ',
+        el(
+          'span',
+          {
+            class:
+              'jp-SandboxStatus-isolation' +
+              (isolation.warning ? ' jp-SandboxStatus-warning' : '')
+          },
+          isolation.warning ? `⚠ ${isolation.label}` : isolation.label
+        )
+      );
+    }
+    this.node.append(...parts);
+    const lines = [
+      `Sandbox pool: ${pool}`,
+      `Sandbox: ${sandbox?.sandbox ?? '(not claimed yet)'}`,
+      `State: ${stateLabel(state)}${detail ? ` — ${detail}` : ''}`
+    ];
+    if (sandbox?.isolation) {
+      lines.push(isolation.description);
+    }
+    if (sandbox?.created) {
+      lines.push(`Age: ${sandboxAge(sandbox.created)}`);
+    }
+    this.node.title = lines.join('\n');
+  }
+
+  dispose(): void {
+    this._events.changed.disconnect(this.refresh, this);
+    super.dispose();
+  }
+
+  private _active: IActiveKernel | null = null;
+  private _state: SandboxState | 'none' = 'none';
+}
+
+export interface IPanelActions {
+  suspend(kernelId: string): void;
+  resume(kernelId: string): void;
+  details(kernelId: string): void;
+  open(kernelId: string): void;
+}
+
+/** The side panel: pools (warm / target) and this server's sandboxed kernels. */
+export class SandboxPanel extends Widget {
+  constructor(
+    private _events: SandboxEvents,
+    private _actions: IPanelActions,
+    private _sessionPath: (kernelId: string) => string | null
+  ) {
+    super();
+    this.id = 'jupyter-sandbox-panel';
+    this.addClass('jp-SandboxPanel');
+    this.title.icon = sandboxIcon;
+    this.title.caption = 'Sandboxes';
+    this._events.changed.connect(this.render, this);
+    this.render();
+  }
+
+  render(): void {
+    const snapshot: ISnapshot = this._events.snapshot;
+    this.node.textContent = '';
+    const header = el(
+      'div',
+      { class: 'jp-SandboxPanel-header' },
+      el('h2', {}, 'Sandboxes'),
+      el(
+        'span',
+        {
+          class:
+            'jp-SandboxPanel-live' + (this._events.connected ? '' : ' jp-SandboxPanel-offline'),
+          title: this._events.connected
+            ? 'Live: updated by server events'
+            : 'Not connected to the server; reconnecting'
+        },
+        this._events.connected ? '● live' : '○ offline'
+      )
+    );
+    this.node.append(header);
+
+    this.node.append(el('h3', {}, 'Pools'));
+    if (!snapshot.daemon.running && snapshot.pools.length === 0) {
+      this.node.append(
+        el(
+          'p',
+          { class: 'jp-SandboxPanel-empty' },
+          'The local sandbox service is not running; it starts with the first sandboxed kernel.'
+        )
+      );
+    } else if (snapshot.pools.length === 0) {
+      this.node.append(el('p', { class: 'jp-SandboxPanel-empty' }, 'No pools.'));
+    } else {
+      const table = el('table', { class: 'jp-SandboxPanel-pools' });
+      table.append(
+        el(
+          'tr',
+          {},
+          el('th', {}, 'Pool'),
+          el('th', {}, 'Warm'),
+          el('th', {}, 'Isolation')
+        )
+      );
+      for (const pool of snapshot.pools) {
+        table.append(this._poolRow(pool));
+      }
+      this.node.append(table);
+    }
+
+    this.node.append(el('h3', {}, 'Your sandboxed kernels'));
+    const starting = snapshot.starting;
+    if (snapshot.kernels.length === 0 && starting.length === 0) {
+      this.node.append(el('p', { class: 'jp-SandboxPanel-empty' }, 'None running.'));
+    }
+    const list = el('ul', { class: 'jp-SandboxPanel-kernels' });
+    for (const entry of starting) {
+      const text =
+        entry.state === 'failed' && entry.error
+          ? `${entry.name}: failed — ${errorText(entry.error)}`
+          : `${entry.name}: ${progressText(entry)}`;
+      list.append(
+        el(
+          'li',
+          {
+            class: `jp-SandboxPanel-kernel jp-SandboxState-${entry.state}`,
+            'data-sandbox-state': entry.state,
+            title: entry.error ? errorAdvice(entry.error) : ''
+          },
+          text
+        )
+      );
+    }
+    for (const kernel of snapshot.kernels) {
+      list.append(this._kernelItem(kernel));
+    }
+    this.node.append(list);
+  }
+
+  private _poolRow(pool: IPoolEntry): HTMLElement {
+    const isolation = isolationInfo(pool.isolation);
+    return el(
+      'tr',
+      { 'data-pool': pool.name },
+      el('td', { title: pool.display_name }, pool.name),
+      el('td', { class: 'jp-SandboxPanel-warm' }, poolSummary(pool)),
+      el(
+        'td',
+        {
+          class: isolation.warning ? 'jp-SandboxStatus-warning' : '',
+          title: isolation.description
+        },
+        isolation.warning ? `⚠ ${isolation.label}` : isolation.label
+      )
+    );
+  }
+
+  private _kernelItem(kernel: IKernelEntry): HTMLElement {
+    const sandbox = kernel.sandbox;
+    const state = sandboxState(sandbox, kernel.execution_state);
+    const path = this._sessionPath(kernel.id);
+    const item = el('li', {
+      class: `jp-SandboxPanel-kernel jp-SandboxState-${state}`,
+      'data-kernel-id': kernel.id,
+      'data-sandbox-state': state
+    });
+    const title = el(
+      'a',
+      { class: 'jp-SandboxPanel-kernelName', href: '#', title: 'Open its notebook' },
+      path ?? kernel.name
+    );
+    title.addEventListener('click', event => {
+      event.preventDefault();
+      this._actions.open(kernel.id);
+    });
+    const isolation = isolationInfo(sandbox.isolation, sandbox.isolation_detail);
+    item.append(
+      title,
+      el(
+        'div',
+        { class: 'jp-SandboxPanel-kernelInfo' },
+        `${sandbox.pool ?? '?'} · ${sandbox.sandbox ?? '–'} · `,
+        el('span', { class: `jp-SandboxStatus-state jp-SandboxState-${state}` }, stateLabel(state)),
+        ` · ${sandboxAge(sandbox.created)}`,
+        isolation.warning
+          ? el('span', { class: 'jp-SandboxStatus-warning' }, ` · ⚠ ${isolation.label}`)
+          : ''
+      )
+    );
+    const buttons = el('div', { class: 'jp-SandboxPanel-actions' });
+    const button = (label: string, action: () => void, disabled = false) => {
+      const b = el('button', { class: 'jp-mod-styled jp-mod-small', type: 'button' }, label);
+      b.disabled = disabled;
+      b.addEventListener('click', action);
+      buttons.append(b);
+    };
+    button('Suspend', () => this._actions.suspend(kernel.id), !!sandbox.suspended);
+    button('Resume', () => this._actions.resume(kernel.id), !sandbox.suspended);
+    button('Details', () => this._actions.details(kernel.id));
+    item.append(buttons);
+    return item;
+  }
+
+  dispose(): void {
+    this._events.changed.disconnect(this.render, this);
+    super.dispose();
+  }
+}
+
+/** The details dialog body: workspace, age, resources and more. */
+export function detailsNode(entry: IKernelEntry): HTMLElement {
+  const sandbox = entry.sandbox;
+  const isolation = isolationInfo(sandbox.isolation, sandbox.isolation_detail);
+  const state = sandboxState(sandbox, entry.execution_state);
+  const rows: [string, string][] = [
+    ['Pool', sandbox.pool ?? '–'],
+    ['Sandbox', sandbox.sandbox ?? '–'],
+    ['Claim', sandbox.claim ?? '–'],
+    ['Backend', entry.backend],
+    ['State', `${stateLabel(state)}${sandbox.progress?.detail ? ` (${sandbox.progress.detail})` : ''}`],
+    ['Isolation', isolation.description],
+    ['Workspace', sandbox.workspace ?? '–'],
+    ['Age', sandboxAge(sandbox.created)],
+    [
+      'Claimed',
+      sandbox.warm === true ? 'warm (from the pool)' : sandbox.warm === false ? 'cold start' : '–'
+    ]
+  ];
+  const resources = {
+    ...(sandbox.resources ?? {}),
+    ...((entry.claim_status?.resources as Record<string, unknown>) ?? {})
+  };
+  for (const [key, value] of Object.entries(resources)) {
+    rows.push([`Resources: ${key}`, value === null || value === undefined ? '–' : String(value)]);
+  }
+  const table = el('table', { class: 'jp-SandboxDetails' });
+  for (const [key, value] of rows) {
+    const th = el('th', {}, key);
+    const td = el('td', {}, value);
+    if (key === 'Isolation' && isolation.warning) {
+      td.classList.add('jp-SandboxStatus-warning');
+    }
+    table.append(el('tr', {}, th, td));
+  }
+  return table;
+}

@@ -1,0 +1,193 @@
+import { describe, expect, it } from 'vitest';
+
+import {
+  backoffDelay,
+  errorAdvice,
+  errorText,
+  EventStreamParser,
+  formatAge,
+  isolationInfo,
+  poolSummary,
+  progressText,
+  sandboxAge,
+  sandboxSpecInfo,
+  sandboxState,
+  stateLabel
+} from '../src/model';
+
+const ready = {
+  claim: 'c1',
+  pool: 'default',
+  sandbox: 'default-abc',
+  suspended: false,
+  progress: { step: 'ready', detail: 'claimed a warm sandbox' }
+};
+
+describe('sandboxState', () => {
+  it('follows claiming -> ready -> busy/idle -> suspended -> resuming', () => {
+    expect(sandboxState(undefined, 'starting')).toBe('claiming');
+    expect(sandboxState(null, undefined)).toBe('claiming');
+    expect(
+      sandboxState({ claim: 'c1', progress: { step: 'claiming', detail: '' } }, 'starting')
+    ).toBe('claiming');
+    expect(sandboxState({ claim: 'c1', progress: { step: 'waiting', detail: '' } }, null)).toBe(
+      'waiting'
+    );
+    expect(sandboxState(ready, 'starting')).toBe('ready');
+    expect(sandboxState(ready, undefined)).toBe('ready');
+    expect(sandboxState(ready, 'busy')).toBe('busy');
+    expect(sandboxState(ready, 'idle')).toBe('idle');
+    const suspended = { ...ready, suspended: true, progress: { step: 'suspended', detail: '' } };
+    // The browser still believes the kernel idle: the sandbox's state wins.
+    expect(sandboxState(suspended, 'idle')).toBe('suspended');
+    expect(
+      sandboxState({ ...suspended, progress: { step: 'resuming', detail: '' } }, 'restarting')
+    ).toBe('resuming');
+    expect(sandboxState({ ...ready, progress: { step: 'suspending', detail: '' } }, 'idle')).toBe(
+      'suspending'
+    );
+  });
+
+  it('reports failures and dead kernels', () => {
+    expect(sandboxState({ claim: null, progress: { step: 'failed', detail: 'x' } }, 'idle')).toBe(
+      'failed'
+    );
+    expect(sandboxState(ready, 'dead')).toBe('dead');
+    expect(sandboxState(ready, 'autorestarting')).toBe('restarting');
+  });
+
+  it('has words for every state', () => {
+    expect(stateLabel('claiming')).toBe('claiming…');
+    expect(stateLabel('waiting')).toBe('waiting for sandbox…');
+    expect(stateLabel('resuming')).toBe('resuming…');
+    expect(stateLabel('suspended')).toBe('suspended');
+    expect(stateLabel('idle')).toBe('idle');
+  });
+});
+
+describe('isolationInfo', () => {
+  it('names bubblewrap and kubernetes runtime classes without a warning', () => {
+    expect(isolationInfo('bubblewrap')).toMatchObject({ label: 'bubblewrap', warning: false });
+    expect(isolationInfo('kubernetes', 'gvisor')).toMatchObject({
+      label: 'k8s: gvisor',
+      warning: false
+    });
+    expect(isolationInfo('kubernetes').description).toContain('default runtime');
+  });
+
+  it('warns plainly when a sandbox is not isolated or isolation is unknown', () => {
+    const none = isolationInfo('none', 'bwrap not found');
+    expect(none.warning).toBe(true);
+    expect(none.label).toBe('not isolated');
+    expect(none.description).toContain('NOT isolated');
+    expect(none.description).toContain('bwrap not found');
+    expect(isolationInfo(undefined).warning).toBe(true);
+  });
+});
+
+describe('errors in words', () => {
+  it('gives advice per reason', () => {
+    expect(errorAdvice({ reason: 'PoolNotFound' })).toContain('pool');
+    expect(errorAdvice({ reason: 'QuotaExceeded' })).toContain('quota');
+    expect(errorAdvice({ reason: 'Timeout' })).toContain('try again');
+    expect(errorAdvice({ reason: 'BackendUnavailable' })).toContain('not reachable');
+    expect(errorAdvice({ reason: 'Whatever' })).toContain('server log');
+  });
+
+  it('keeps the server hint', () => {
+    expect(errorText({ message: 'pool x missing', hint: 'create it' })).toBe(
+      'pool x missing (create it)'
+    );
+    expect(errorText({ message: 'boom', hint: '' })).toBe('boom');
+    expect(errorText({})).toContain('could not be claimed');
+  });
+});
+
+describe('progressText', () => {
+  it('says warm, cold or waiting', () => {
+    expect(progressText({ pool: 'gpu' })).toBe("Claiming a sandbox from pool 'gpu'…");
+    expect(
+      progressText({
+        pool: 'gpu',
+        sandbox: { claim: 'c', warm: false, progress: { step: 'waiting', detail: '' } }
+      })
+    ).toContain('cold start');
+    expect(
+      progressText({
+        sandbox: { claim: 'c', pool: 'p', progress: { step: 'waiting', detail: 'x' } }
+      })
+    ).toBe("Pool 'p': waiting for the pool (x)…");
+    expect(
+      progressText({
+        pool: 'p',
+        sandbox: { claim: 'c', warm: true, progress: { step: 'ready', detail: '' } }
+      })
+    ).toContain('claimed a warm sandbox');
+  });
+});
+
+describe('formatting', () => {
+  it('formats ages', () => {
+    expect(formatAge(5.7)).toBe('5 s');
+    expect(formatAge(125)).toBe('2 min');
+    expect(formatAge(3600)).toBe('1 h');
+    expect(formatAge(3600 + 600)).toBe('1 h 10 min');
+    expect(formatAge(86400 * 2 + 3600 * 3)).toBe('2 d 3 h');
+    expect(formatAge(-1)).toBe('–');
+    expect(sandboxAge(1000, 1_061_000)).toBe('1 min');
+    expect(sandboxAge(null)).toBe('–');
+  });
+
+  it('summarises pools', () => {
+    const pool = {
+      name: 'p',
+      namespace: 'n',
+      replicas: 3,
+      ready: 2,
+      starting: 1,
+      claimed: 4,
+      isolation: 'none',
+      display_name: ''
+    };
+    expect(poolSummary(pool)).toBe('2/3 warm, 1 starting, 4 in use');
+    expect(poolSummary({ ...pool, starting: 0, claimed: 0 })).toBe('2/3 warm');
+  });
+
+  it('backs off up to 30 s', () => {
+    expect(backoffDelay(0)).toBe(1000);
+    expect(backoffDelay(3)).toBe(8000);
+    expect(backoffDelay(20)).toBe(30000);
+  });
+});
+
+describe('sandboxSpecInfo', () => {
+  it('recognises sandbox kernelspecs', () => {
+    expect(
+      sandboxSpecInfo({ metadata: { jupyter_sandbox: { pool: 'p', backend: 'kubernetes' } } })
+    ).toEqual({ pool: 'p', backend: 'kubernetes' });
+    expect(
+      sandboxSpecInfo({
+        metadata: {
+          kernel_provisioner: { provisioner_name: 'sandbox-provisioner', config: { pool: 'q' } }
+        }
+      })
+    ).toEqual({ pool: 'q', backend: 'local' });
+    expect(sandboxSpecInfo({ metadata: {} })).toBeNull();
+    expect(sandboxSpecInfo(undefined)).toBeNull();
+  });
+});
+
+describe('EventStreamParser', () => {
+  it('parses events split across chunks, with comments and CRLF', () => {
+    const parser = new EventStreamParser();
+    expect(parser.feed(': connected\n\n')).toEqual([]);
+    expect(parser.feed('event: snap')).toEqual([]);
+    expect(parser.feed('shot\ndata: {"a":')).toEqual([]);
+    expect(parser.feed('1}\n\n')).toEqual([{ event: 'snapshot', data: '{"a":1}' }]);
+    expect(parser.feed('data: one\r\ndata: two\r\n\r\n: keep-alive\n\n')).toEqual([
+      { event: 'message', data: 'one\ntwo' }
+    ]);
+    expect(parser.feed('id: 7\nevent: x\ndata:y\r')).toEqual([]);
+    expect(parser.feed('\n\n')).toEqual([{ event: 'x', data: 'y', id: '7' }]);
+  });
+});
