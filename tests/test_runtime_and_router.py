@@ -103,7 +103,7 @@ async def router(runtime: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
     finally:
         server.stop()
         echo.stop()
-        ctx.http_client.close()
+        await ctx.close()
 
 
 def routed(

@@ -291,9 +291,9 @@ class Bridge:
             return
         if channel != "stdin" and str(head.get("msg_type", "")).endswith("_reply"):
             self._routes.pop(parent or "", None)
-        sock = self._sockets.get(channel)
-        if sock is not None:
-            sock.send_multipart([ident, DELIM, signature, *parts], copy=False)
+        reply_socket = self._sockets.get(channel)
+        if reply_socket is not None:
+            reply_socket.send_multipart([ident, DELIM, signature, *parts], copy=False)
 
     def _on_event(self, parts: list[bytes]) -> None:
         try:

@@ -30,7 +30,7 @@ class SandboxKernelManager(AsyncMappingKernelManager):  # type: ignore[misc]
         super().__init__(**kwargs)
         self._culling: set[str] = set()
 
-    async def start_kernel(self, *args: Any, **kwargs: Any) -> str:
+    async def start_kernel(self, *args: Any, **kwargs: Any) -> str:  # type: ignore[override]
         try:
             return await super().start_kernel(*args, **kwargs)  # type: ignore[no-any-return]
         except ClaimError as exc:
@@ -50,7 +50,7 @@ class SandboxKernelManager(AsyncMappingKernelManager):  # type: ignore[misc]
         finally:
             self._culling.discard(kernel_id)
 
-    async def shutdown_kernel(
+    async def shutdown_kernel(  # type: ignore[override]
         self, kernel_id: str, now: bool = False, restart: bool = False
     ) -> None:
         if kernel_id in self._culling and self.suspend_on_cull and not restart:

@@ -64,7 +64,7 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
         return self._session
 
     async def pre_launch(self, **kwargs: Any) -> dict[str, Any]:
-        km = self.parent
+        km: Any = self.parent
         env = filter_env(
             kwargs.get("env") or os.environ,
             kernelspec_env=(self.kernel_spec.env or {}).keys() if self.kernel_spec else (),
@@ -104,7 +104,7 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
     async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> KernelConnectionInfo:
         assert self._session is not None
         await background().run(self._session.launch())
-        km = self.parent
+        km: Any = self.parent
         self.connection_info = km.get_connection_info()
         return self.connection_info  # type: ignore[no-any-return]
 

@@ -10,6 +10,7 @@ import os
 import socket
 import sys
 import time
+from typing import Any
 
 _STD_ATTRS = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {
     "message",
@@ -22,7 +23,7 @@ class JsonFormatter(logging.Formatter):
     """One JSON object per line: ts, level, logger, msg and any ``extra`` fields."""
 
     def format(self, record: logging.LogRecord) -> str:
-        out = {
+        out: dict[str, Any] = {
             "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
             + f".{int(record.msecs):03d}Z",
             "level": record.levelname.lower(),
@@ -31,7 +32,7 @@ class JsonFormatter(logging.Formatter):
         }
         for k, v in record.__dict__.items():
             if k not in _STD_ATTRS and not k.startswith("_"):
-                out[k] = v if isinstance(v, (str, int, float, bool, type(None))) else str(v)
+                out[k] = v if isinstance(v, str | int | float | bool | None) else str(v)
         if record.exc_info:
             out["exception"] = self.formatException(record.exc_info)
         return json.dumps(out)

@@ -181,7 +181,7 @@ class Informer:
                         rv = obj.get("metadata", {}).get("resourceVersion", rv)
                         if et == "BOOKMARK":
                             continue
-                        self._apply(et, obj)
+                        self._apply(str(et), obj)
                         if stop.is_set():
                             break
             except asyncio.CancelledError:

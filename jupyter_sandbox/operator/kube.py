@@ -129,7 +129,9 @@ def load_config(kubeconfig: str | None = None, context: str | None = None) -> Co
     ctx_name = context or cfg.get("current-context")
     ctx = next(c["context"] for c in cfg["contexts"] if c["name"] == ctx_name)
     cluster = next(c["cluster"] for c in cfg["clusters"] if c["name"] == ctx["cluster"])
-    user = next((u["user"] for u in cfg.get("users", []) if u["name"] == ctx.get("user")), {}) or {}
+    user: dict[str, Any] = (
+        next((u["user"] for u in cfg.get("users", []) if u["name"] == ctx.get("user")), {}) or {}
+    )
     server = cluster["server"].rstrip("/")
     sslctx: ssl.SSLContext | bool = True
     if server.startswith("https"):

@@ -6,6 +6,7 @@ import asyncio
 import logging
 import signal
 from dataclasses import dataclass, field
+from typing import Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -110,7 +111,12 @@ class Operator:
     def _wire(self) -> None:
         def own(obj: dict | None, kind: str, group: str, ctrl: Controller) -> None:
             ref = controller_of(obj) if obj else None
-            if ref and ref.get("kind") == kind and group_of(ref.get("apiVersion", "")) == group:
+            if (
+                obj
+                and ref
+                and ref.get("kind") == kind
+                and group_of(ref.get("apiVersion", "")) == group
+            ):
                 ctrl.enqueue((obj["metadata"]["namespace"], ref["name"]))
 
         def on_sandbox(old: dict | None, new: dict | None) -> None:
@@ -258,7 +264,8 @@ class Operator:
         waits = [asyncio.create_task(i.synced.wait()) for i in self.informers]
         stop = asyncio.create_task(self.stop.wait())
         try:
-            await asyncio.wait([asyncio.gather(*waits), stop], return_when=asyncio.FIRST_COMPLETED)
+            gathered: asyncio.Future[Any] = asyncio.gather(*waits)
+            await asyncio.wait([gathered, stop], return_when=asyncio.FIRST_COMPLETED)
         finally:
             stop.cancel()
             for w in waits:

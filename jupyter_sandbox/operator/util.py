@@ -125,7 +125,7 @@ def set_condition(
         "lastTransitionTime": now_rfc3339(),
     }
     if generation is not None:
-        new["observedGeneration"] = generation
+        new["observedGeneration"] = generation  # type: ignore[assignment]
     out.append(new)
     return out
 

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import AsyncIterator
 from typing import Any
 
-from tornado import httpclient, httputil, web, websocket
-from tornado.simple_httpclient import HTTPStreamClosedError, HTTPTimeoutError
+import aiohttp
+import yarl
+from tornado import httpclient, httputil, iostream, web, websocket
 
 from .routing import Route, RoutingError, forward_headers, parse_route, response_headers
 from .settings import RouterContext
@@ -58,16 +60,14 @@ def _send_error(handler: web.RequestHandler, status: int, message: str) -> None:
 
 @web.stream_request_body
 class HTTPProxyHandler(web.RequestHandler):
+    """Streams the request body up and the response body down, over pooled connections."""
+
     SUPPORTED_METHODS = ("GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS")
 
     def initialize(self, ctx: RouterContext) -> None:
         self.ctx = ctx
         self._body: asyncio.Queue[bytes | None] | None = None
-        self._fetch: asyncio.Future[Any] | None = None
-        self._headers_sent = False
-        self._response_headers = httputil.HTTPHeaders()
-        self._status: int | None = None
-        self._reason = ""
+        self._upstream: asyncio.Task[aiohttp.ClientResponse] | None = None
 
     async def prepare(self) -> None:
         try:
@@ -76,87 +76,71 @@ class HTTPProxyHandler(web.RequestHandler):
             _send_error(self, exc.status, exc.message)
             return
         method = self.request.method or "GET"
-        has_body = method in BODY_METHODS
-        if has_body:
+        if method in BODY_METHODS:
             self._body = asyncio.Queue(maxsize=16)
         uri = self.request.uri or "/"
-        req = httpclient.HTTPRequest(
-            url=f"http://{upstream.authority()}{uri}",
-            method=method,
-            headers=forward_headers(self.request.headers),
-            body_producer=self._produce_body if has_body else None,
-            header_callback=self._on_header_line,
-            streaming_callback=self._on_chunk,
-            follow_redirects=False,
-            decompress_response=False,
-            allow_nonstandard_methods=True,
-            connect_timeout=self.ctx.connect_timeout,
-            request_timeout=self.ctx.proxy_timeout,
-        )
         log.debug("proxy %s %s -> %s/%s", method, uri, route.namespace, route.name)
-        self._fetch = asyncio.ensure_future(self.ctx.http_client.fetch(req, raise_error=False))
+        session = self.ctx.session_for(upstream)
+        self._upstream = asyncio.ensure_future(
+            session.request(
+                method,
+                # encoded=True: the path goes up byte for byte (no dot-segment folding).
+                yarl.URL(f"http://{upstream.authority()}{uri}", encoded=True),
+                headers=forward_headers(self.request.headers),
+                data=self._produce_body() if self._body is not None else None,
+                allow_redirects=False,
+                auto_decompress=False,
+                skip_auto_headers=("User-Agent", "Accept-Encoding", "Accept", "Content-Type"),
+                timeout=aiohttp.ClientTimeout(
+                    total=self.ctx.proxy_timeout, sock_connect=self.ctx.connect_timeout
+                ),
+            )
+        )
 
     async def data_received(self, chunk: bytes) -> None:
         if self._body is not None:
             await self._body.put(chunk)
 
-    async def _produce_body(self, write: Any) -> None:
+    async def _produce_body(self) -> AsyncIterator[bytes]:
         assert self._body is not None
         while (chunk := await self._body.get()) is not None:
-            await write(chunk)
-
-    def _on_header_line(self, line: str) -> None:
-        if line.startswith("HTTP/"):
-            start = httputil.parse_response_start_line(line.strip())
-            self._status, self._reason = start.code, start.reason
-            self._response_headers = httputil.HTTPHeaders()
-        elif line.strip():
-            self._response_headers.parse_line(line)
-
-    def _start_response(self) -> None:
-        if self._headers_sent or self._status is None:
-            return
-        self._headers_sent = True
-        self.set_status(self._status, self._reason or None)
-        self.clear_header("Content-Type")
-        self.clear_header("Server")
-        drop = set(response_headers(self._response_headers))
-        for name, value in self._response_headers.get_all():
-            if name in drop:
-                self.add_header(name, value)
-
-    def _on_chunk(self, chunk: bytes) -> None:
-        self._start_response()
-        if self.request.method != "HEAD":
-            self.write(chunk)
-            self.flush()
+            yield chunk
 
     async def _relay(self) -> None:
-        if self._finished or self._fetch is None:
+        if self._finished or self._upstream is None:
             return
         if self._body is not None:
             await self._body.put(None)
         try:
-            response = await self._fetch
-            error = response.error
-        except Exception as exc:  # the upstream closed or reset mid-exchange
-            error = exc
-        if self._status is None or (
-            error is not None and not isinstance(error, httpclient.HTTPError)
-        ):
-            if not self._headers_sent:
-                if isinstance(error, HTTPTimeoutError):
-                    _send_error(self, 504, "the sandbox did not answer in time")
-                else:
-                    reason = (
-                        "sandbox unreachable"
-                        if not isinstance(error, HTTPStreamClosedError)
-                        else "the sandbox closed the connection"
-                    )
-                    _send_error(self, 502, reason)
-                return
-        self._start_response()
-        self.finish()
+            response = await self._upstream
+        except TimeoutError:
+            _send_error(self, 504, "the sandbox did not answer in time")
+            return
+        except aiohttp.ClientError:
+            _send_error(self, 502, "sandbox unreachable")
+            return
+        try:
+            self.set_status(response.status, response.reason or None)
+            self.clear_header("Content-Type")
+            self.clear_header("Server")
+            keep = set(response_headers(response.headers))
+            for name, value in response.headers.items():
+                if name in keep:
+                    self.add_header(name, value)
+            if self.request.method != "HEAD":
+                async for chunk in response.content.iter_any():
+                    self.write(chunk)
+                    await self.flush()
+            self.finish()
+        except (aiohttp.ClientError, TimeoutError):
+            # Headers may be out already: all that is left is to cut the connection.
+            stream = getattr(self.request.connection, "stream", None)
+            if stream is not None:
+                stream.close()
+        except iostream.StreamClosedError:
+            pass  # the caller went away
+        finally:
+            response.release()
 
     async def get(self, *args: Any) -> None:
         await self._relay()
@@ -180,8 +164,8 @@ class HTTPProxyHandler(web.RequestHandler):
         await self._relay()
 
     def on_connection_close(self) -> None:
-        if self._fetch is not None and not self._fetch.done():
-            self._fetch.cancel()
+        if self._upstream is not None and not self._upstream.done():
+            self._upstream.cancel()
 
 
 class WebSocketProxyHandler(websocket.WebSocketHandler):

@@ -5,10 +5,10 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from tornado.simple_httpclient import SimpleAsyncHTTPClient
+import aiohttp
 
 from .tokens import TokenAuthority
-from .upstreams import UnixSocketResolver, UpstreamLookup
+from .upstreams import UnixSocketResolver, Upstream, UpstreamLookup
 
 DEFAULT_PROXY_TIMEOUT = 180.0
 DEFAULT_MAX_WS_MESSAGE = 256 * 1024 * 1024
@@ -33,13 +33,36 @@ class RouterContext:
     max_ws_message: int = DEFAULT_MAX_WS_MESSAGE
     max_clients: int = 1000
     resolver: UnixSocketResolver = field(default_factory=UnixSocketResolver)
-    http_client: SimpleAsyncHTTPClient = field(init=False)
+    _tcp: aiohttp.ClientSession | None = field(default=None, init=False)
+    _unix: dict[str, aiohttp.ClientSession] = field(default_factory=dict, init=False)
 
-    def __post_init__(self) -> None:
-        self.http_client = SimpleAsyncHTTPClient(
-            force_instance=True,
-            resolver=self.resolver,
-            max_clients=self.max_clients,
-            max_body_size=1 << 40,
-            max_buffer_size=64 * 1024 * 1024,
-        )
+    def session_for(self, upstream: Upstream) -> aiohttp.ClientSession:
+        """A pooled keep-alive client: one for TCP upstreams, one per Unix socket."""
+        if upstream.unix_socket:
+            session = self._unix.get(upstream.unix_socket)
+            if session is None or session.closed:
+                unix = aiohttp.UnixConnector(path=upstream.unix_socket, limit=self.max_clients)
+                session = aiohttp.ClientSession(connector=unix, auto_decompress=False)
+                self._unix[upstream.unix_socket] = session
+            return session
+        if self._tcp is None or self._tcp.closed:
+            connector = aiohttp.TCPConnector(limit=self.max_clients, ttl_dns_cache=10)
+            self._tcp = aiohttp.ClientSession(connector=connector, auto_decompress=False)
+        return self._tcp
+
+    async def forget(self, unix_socket: str) -> None:
+        """Drop the pool of a socket whose sandbox is gone."""
+        session = self._unix.pop(unix_socket, None)
+        if session is not None:
+            await session.close()
+
+    async def prune(self) -> None:
+        """Close the pools of Unix sockets that no longer exist (sandboxes gone)."""
+        for path in [p for p in self._unix if not os.path.exists(p)]:
+            await self.forget(path)
+
+    async def close(self) -> None:
+        for session in [*self._unix.values(), *([self._tcp] if self._tcp else [])]:
+            await session.close()
+        self._unix.clear()
+        self._tcp = None

@@ -167,7 +167,7 @@ class KernelHost:
             self._publish_state()
 
     def _connect(self, km: AsyncKernelManager) -> None:
-        info = km.get_connection_info()
+        info: dict[str, Any] = dict(km.get_connection_info())
         base = str(info["ip"])
 
         def address(channel: str) -> str:

@@ -113,10 +113,13 @@ async def serve(args: argparse.Namespace) -> int:
         loop.add_signal_handler(sig, ctx.stop.set)
     runner = asyncio.create_task(controller.run())
     idle_task = asyncio.create_task(_idle_watch(controller, ctx.stop, args.idle_timeout))
+    prune_task = asyncio.create_task(_prune_router_pools(router_ctx))
     await ctx.stop.wait()
     log.info("daemon stopping")
     runner.cancel()
     idle_task.cancel()
+    prune_task.cancel()
+    await router_ctx.close()
     api.stop()
     router.stop()
     await controller.shutdown()
@@ -124,6 +127,12 @@ async def serve(args: argparse.Namespace) -> int:
         path.unlink(missing_ok=True)
     lock.close()
     return 0
+
+
+async def _prune_router_pools(ctx: RouterContext) -> None:
+    while True:
+        await asyncio.sleep(10)
+        await ctx.prune()
 
 
 async def _idle_watch(controller: LocalController, stop: asyncio.Event, timeout: float) -> None:
