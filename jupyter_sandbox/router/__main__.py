@@ -1,8 +1,12 @@
 """``jupyter-sandbox router``: the router as its own server (Kubernetes deployments).
 
-Without a resolver of its own it routes like upstream's sandbox-router, to
-``<id>.<namespace>.svc.<cluster domain>``; with ``--token-secret-file`` it admits
-only callers holding a token scoped to the sandbox they address.
+``--resolve=api`` (the default inside a cluster) finds sandboxes through a
+watch-backed cache of Sandbox status (pod IPs, service FQDN; see
+``router/kubernetes.py``), falling back to DNS for sandboxes it does not know;
+``--resolve=dns`` routes like upstream's sandbox-router, to
+``<id>.<namespace>.svc.<cluster domain>``.  ``--allowed-namespaces`` refuses
+every other namespace.  With ``--token-secret-file`` it admits only callers
+holding a token scoped to the sandbox they address.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import logging
 import os
 import signal
 import sys
+from typing import Any
 
 from tornado.httpserver import HTTPServer
 
@@ -20,6 +25,14 @@ from .app import make_router_app
 from .settings import RouterContext
 from .tokens import TokenAuthority
 from .upstreams import Upstream
+
+log = logging.getLogger(__name__)
+
+
+def _in_cluster() -> bool:
+    from ..control_plane.kubernetes.client import in_cluster_available
+
+    return in_cluster_available()
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -36,7 +49,55 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="secret for scoped sandbox tokens; without it the router "
         "admits every caller (upstream's in-cluster behaviour)",
     )
-    return parser.parse_args(argv)
+    parser.add_argument(
+        "--resolve",
+        choices=["api", "dns"],
+        default=os.environ.get("ROUTER_RESOLVE") or None,
+        help="find sandboxes from the Kubernetes API (watch cache, default in a cluster) "
+        "or by DNS name <id>.<ns>.svc.<cluster-domain> (default elsewhere)",
+    )
+    parser.add_argument(
+        "--allowed-namespaces",
+        default=os.environ.get("ROUTER_ALLOWED_NAMESPACES", ""),
+        help="comma-separated namespaces the router serves; others are refused (404). "
+        "With --resolve=api it then watches only these (a namespaced Role suffices)",
+    )
+    parser.add_argument("--kubeconfig", default=None, help="for --resolve=api out of cluster")
+    parser.add_argument("--context", default=None)
+    parser.add_argument(
+        "--no-dns-fallback",
+        dest="dns_fallback",
+        action="store_false",
+        help="with --resolve=api, refuse sandboxes the API does not know",
+    )
+    args = parser.parse_args(argv)
+    if args.resolve is None:
+        args.resolve = "api" if (args.kubeconfig or _in_cluster()) else "dns"
+    return args
+
+
+def make_lookup(args: argparse.Namespace) -> tuple[Any, Any]:
+    """The router's lookup for ``args``, and the resolver to stop (or None)."""
+    allowed = {n.strip() for n in args.allowed_namespaces.split(",") if n.strip()}
+    if args.resolve == "api":
+        from ..control_plane.kubernetes import client as kc
+        from .kubernetes import SandboxResolver
+
+        kube = kc.load(kubeconfig=args.kubeconfig, context=args.context)
+        resolver = SandboxResolver(
+            kube.api_client,
+            allowed_namespaces=allowed or None,
+            cluster_domain=args.cluster_domain,
+            fallback_dns=args.dns_fallback,
+        ).start()
+        return resolver.lookup, resolver
+
+    async def lookup(namespace: str, name: str, port: int) -> Upstream | None:
+        if allowed and namespace not in allowed:
+            return None
+        return Upstream(host=f"{name}.{namespace}.svc.{args.cluster_domain}", port=port)
+
+    return lookup, None
 
 
 async def serve(args: argparse.Namespace) -> None:
@@ -45,18 +106,17 @@ async def serve(args: argparse.Namespace) -> None:
         with open(args.token_secret_file) as handle:
             authority = TokenAuthority(handle.read().strip())
 
-    async def lookup(namespace: str, name: str, port: int) -> Upstream | None:
-        return Upstream(host=f"{name}.{namespace}.svc.{args.cluster_domain}", port=port)
-
+    lookup, resolver = await asyncio.to_thread(make_lookup, args)
     ctx = RouterContext(
         lookup=lookup, authority=authority, default_namespace=args.default_namespace
     )
     server = HTTPServer(make_router_app(ctx), max_body_size=1 << 34)
     server.listen(args.port, address=args.address)
-    logging.getLogger(__name__).info(
-        "router on %s:%s (auth: %s)",
+    log.info(
+        "router on %s:%s (resolve: %s, auth: %s)",
         args.address,
         args.port,
+        args.resolve,
         "scoped tokens" if authority else "none",
     )
     stop = asyncio.Event()
@@ -65,6 +125,8 @@ async def serve(args: argparse.Namespace) -> None:
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     server.stop()
+    if resolver is not None:
+        await asyncio.to_thread(resolver.stop)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,3 +1,4 @@
+# ruff: noqa: F811 - the imported fixtures are used as parameters by name
 """Fixtures for the Kubernetes backend, router resolver and deploy tests.
 
 They reuse the operator tests' helpers: a namespace per test on the real test
@@ -7,6 +8,7 @@ control plane (``kube_cluster``) and our operator as a subprocess scoped to it.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,18 +25,21 @@ from tests.operator.conftest import (  # noqa: F401 - fixtures are used by name
     operator,
     operator_factory,
     pool_body,
+    sandbox_body,
     template_body,
     wait_for,
 )
 
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
 
 def make_pool(k: Kube, name: str = "pool", replicas: int = 2, **template_spec: Any) -> dict:
     """A SandboxTemplate ``python`` and a warm pool of it, waited until all members are Ready."""
-    kube.create(TPL, template_body("python", **template_spec))
-    kube.create(POOL, pool_body(name, "python", replicas))
+    k.create(TPL, template_body("python", **template_spec))
+    k.create(POOL, pool_body(name, "python", replicas))
     return wait_for(
         lambda: (
-            (p := kube.get(POOL, name))
+            (p := k.get(POOL, name))
             and (p.get("status") or {}).get("readyReplicas") == replicas
             and p
         ),
@@ -44,7 +49,7 @@ def make_pool(k: Kube, name: str = "pool", replicas: int = 2, **template_spec: A
 
 
 @pytest.fixture
-def warm_pool(kube: Kube, operator: Any) -> dict:  # noqa: F811
+def warm_pool(kube: Kube, operator: Any) -> dict:
     return make_pool(kube, service=True)
 
 

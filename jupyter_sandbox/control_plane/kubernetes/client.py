@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -153,7 +154,11 @@ def call(fn: Any, *args: Any, **kwargs: Any) -> Any:
 
 
 class WatchHandle:
-    """Lets another thread interrupt a blocking watch by closing its response."""
+    """Lets another thread interrupt a blocking watch.
+
+    Closing the response from another thread would block on the reader's buffer
+    lock; shutting the socket down wakes the reader instead, which then closes.
+    """
 
     def __init__(self) -> None:
         self.stopped = threading.Event()
@@ -163,17 +168,29 @@ class WatchHandle:
     def attach(self, resp: Any) -> None:
         with self._lock:
             self._resp = resp
-            if self.stopped.is_set():
-                resp.close()
+        if self.stopped.is_set():
+            self._shutdown(resp)
+
+    def detach(self) -> None:
+        with self._lock:
+            self._resp = None
 
     def stop(self) -> None:
         self.stopped.set()
         with self._lock:
-            if self._resp is not None:
-                try:
-                    self._resp.close()
-                except Exception:  # closing a socket another thread reads from
-                    pass
+            resp = self._resp
+        if resp is not None:
+            self._shutdown(resp)
+
+    @staticmethod
+    def _shutdown(resp: Any) -> None:
+        sock = getattr(getattr(resp, "connection", None), "sock", None)
+        if sock is None:
+            return
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
 
 
 def watch(
@@ -225,10 +242,16 @@ def watch(
                 yield event
             if handle is not None and handle.stopped.is_set():
                 return
-    except (urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
+    except ApiStatus:
+        raise
+    except Exception as exc:
         if handle is not None and handle.stopped.is_set():
-            return
-        raise Unreachable(f"watch interrupted: {exc}") from None
+            return  # closed under our feet by stop()
+        if isinstance(exc, urllib3.exceptions.HTTPError | OSError | ValueError):
+            raise Unreachable(f"watch interrupted: {exc}") from None
+        raise
     finally:
+        if handle is not None:
+            handle.detach()
         resp.close()
         resp.release_conn()

@@ -1,0 +1,210 @@
+"""Resolve sandboxes for the router from the Kubernetes API: a watch-backed cache.
+
+``SandboxResolver`` LISTs and then WATCHes Sandbox objects (cluster-wide, or
+per namespace when an allowed set is given, so a namespaced Role suffices) in a
+background thread and keeps, per sandbox, what its status says: ``podIPs``,
+``serviceFQDN``, Ready and operating mode.  ``lookup`` answers from that cache
+without any API call:
+
+- a Running sandbox with a pod IP -> that IP (the fast path: no DNS);
+- a known sandbox without a pod IP but with a Service -> its ``serviceFQDN``;
+- a known sandbox with neither (suspended, still starting) -> not found (404);
+- an unknown sandbox -> ``<id>.<ns>.svc.<cluster-domain>`` (upstream router's
+  rule), unless ``fallback_dns`` is off; also used while the cache is not synced
+  (start-up, API server unreachable);
+- a namespace outside ``allowed_namespaces`` (when set) -> not found.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from ..control_plane.kubernetes import client as kc
+from .upstreams import Upstream
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Entry:
+    pod_ips: tuple[str, ...]
+    service_fqdn: str | None
+    ready: bool
+    suspended: bool
+
+
+def entry_of(sandbox: dict[str, Any]) -> Entry:
+    status = sandbox.get("status") or {}
+    conds = {c.get("type"): c.get("status") for c in status.get("conditions") or []}
+    return Entry(
+        pod_ips=tuple(status.get("podIPs") or ()),
+        service_fqdn=status.get("serviceFQDN") or None,
+        ready=conds.get("Ready") == "True",
+        suspended=(sandbox.get("spec") or {}).get("operatingMode") == "Suspended",
+    )
+
+
+class SandboxResolver:
+    def __init__(
+        self,
+        api_client: Any,
+        *,
+        allowed_namespaces: Iterable[str] | None = None,
+        cluster_domain: str = "cluster.local",
+        fallback_dns: bool = True,
+        watch_timeout: int = 300,
+    ) -> None:
+        self.api_client = api_client
+        allowed = {n for n in (allowed_namespaces or ()) if n}
+        self.allowed: frozenset[str] | None = frozenset(allowed) if allowed else None
+        self.cluster_domain = cluster_domain
+        self.fallback_dns = fallback_dns
+        self.watch_timeout = watch_timeout
+        self._cache: dict[tuple[str, str], Entry] = {}
+        self._synced: dict[str | None, bool] = {}
+        self._handles: list[kc.WatchHandle] = []
+        self._threads: list[threading.Thread] = []
+        self._stop = threading.Event()
+        self.changed = threading.Condition()
+
+    # -- lifecycle ---------------------------------------------------------------
+
+    def start(self) -> SandboxResolver:
+        scopes: list[str | None] = sorted(self.allowed) if self.allowed else [None]
+        for ns in scopes:
+            handle = kc.WatchHandle()
+            self._handles.append(handle)
+            t = threading.Thread(
+                target=self._run,
+                args=(ns, handle),
+                name=f"sandbox-resolver-{ns or 'all'}",
+                daemon=True,
+            )
+            self._threads.append(t)
+            self._synced[ns] = False
+            t.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        for h in self._handles:
+            h.stop()
+        for t in self._threads:
+            t.join(timeout=5)
+
+    @property
+    def synced(self) -> bool:
+        return bool(self._synced) and all(self._synced.values())
+
+    def wait_synced(self, timeout: float = 30.0) -> bool:
+        deadline = time.monotonic() + timeout
+        with self.changed:
+            while not self.synced:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self.changed.wait(remaining)
+        return True
+
+    # -- lookup ------------------------------------------------------------------
+
+    def get(self, namespace: str, name: str) -> Entry | None:
+        return self._cache.get((namespace, name))
+
+    async def lookup(self, namespace: str, name: str, port: int) -> Upstream | None:
+        if self.allowed is not None and namespace not in self.allowed:
+            return None
+        entry = self._cache.get((namespace, name))
+        if entry is not None:
+            if entry.pod_ips and not entry.suspended:
+                return Upstream(host=entry.pod_ips[0], port=port)
+            if entry.service_fqdn and not entry.suspended:
+                return Upstream(host=entry.service_fqdn, port=port)
+            return None
+        if self.fallback_dns:
+            return Upstream(host=f"{name}.{namespace}.svc.{self.cluster_domain}", port=port)
+        return None
+
+    # -- the watch thread -------------------------------------------------------------
+
+    def _list_watch_fns(self, ns: str | None) -> tuple[Any, tuple[Any, ...]]:
+        from kubernetes import client
+
+        co = client.CustomObjectsApi(self.api_client)
+        g, v, p = kc.SANDBOX
+        if ns is None:
+            return co.list_cluster_custom_object, (g, v, p)
+        return co.list_namespaced_custom_object, (g, v, ns, p)
+
+    def _run(self, ns: str | None, handle: kc.WatchHandle) -> None:
+        fn, args = self._list_watch_fns(ns)
+        backoff = 0.5
+        while not self._stop.is_set():
+            try:
+                rv = self._relist(fn, args, ns)
+                backoff = 0.5
+                while not self._stop.is_set():
+                    for event in kc.watch(
+                        fn,
+                        *args,
+                        resource_version=rv,
+                        timeout_seconds=self.watch_timeout,
+                        handle=handle,
+                    ):
+                        obj = event.get("object") or {}
+                        md = obj.get("metadata") or {}
+                        rv = md.get("resourceVersion", rv)
+                        kind = event.get("type")
+                        if kind == "BOOKMARK":
+                            continue
+                        key = (md.get("namespace", ""), md.get("name", ""))
+                        if kind == "DELETED":
+                            self._cache.pop(key, None)
+                        else:
+                            self._cache[key] = entry_of(obj)
+                        self._notify()
+            except kc.ApiStatus as exc:
+                if not exc.gone:
+                    log.warning("sandbox watch (%s): %s", ns or "all namespaces", exc)
+                    self._mark(ns, False)
+                    self._stop.wait(backoff)
+                    backoff = min(backoff * 2, 30.0)
+            except kc.Unreachable as exc:
+                if self._stop.is_set():
+                    return
+                log.warning("sandbox watch (%s): %s", ns or "all namespaces", exc)
+                self._mark(ns, False)
+                self._stop.wait(backoff * (1 + random.random()))
+                backoff = min(backoff * 2, 30.0)
+            except Exception:
+                log.exception("sandbox watch (%s) failed", ns or "all namespaces")
+                self._mark(ns, False)
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 30.0)
+
+    def _relist(self, fn: Any, args: tuple[Any, ...], ns: str | None) -> str:
+        data = kc.call(fn, *args, _request_timeout=(5, 60))
+        fresh = {
+            (s["metadata"].get("namespace", ""), s["metadata"]["name"]): entry_of(s)
+            for s in data.get("items") or []
+        }
+        for key in [k for k in self._cache if ns is None or k[0] == ns]:
+            if key not in fresh:
+                self._cache.pop(key, None)
+        self._cache.update(fresh)
+        self._mark(ns, True)
+        return str(data["metadata"]["resourceVersion"])
+
+    def _mark(self, ns: str | None, synced: bool) -> None:
+        self._synced[ns] = synced
+        self._notify()
+
+    def _notify(self) -> None:
+        with self.changed:
+            self.changed.notify_all()

@@ -1,0 +1,183 @@
+"""The router's API resolver follows Sandbox status on the real API server."""
+
+from __future__ import annotations
+
+import asyncio
+import http.server
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from jupyter_sandbox.router.kubernetes import SandboxResolver
+from jupyter_sandbox.router.upstreams import Upstream
+
+from .conftest import REPO_ROOT, SB, make_pool, sandbox_body, wait_for
+
+pytestmark = pytest.mark.cluster
+
+
+@pytest.fixture
+def resolver_factory(kube_cluster):
+    made: list[SandboxResolver] = []
+    clients = []
+
+    def make(**kw) -> SandboxResolver:
+        c = kube_cluster.api_client()
+        clients.append(c)
+        r = SandboxResolver(c, **kw).start()
+        made.append(r)
+        assert r.wait_synced(30), "resolver never synced"
+        return r
+
+    yield make
+    for r in made:
+        r.stop()
+    for c in clients:
+        c.close()
+
+
+def _sync(coro):
+    return asyncio.run(coro)
+
+
+def test_follows_sandbox_status(kube, operator, resolver_factory):
+    r = resolver_factory(allowed_namespaces=[kube.ns])
+    make_pool(kube, replicas=1, service=True)
+    (sb,) = kube.list(SB)
+    name = sb["metadata"]["name"]
+
+    def ip_now():
+        s = kube.get(SB, name)
+        return (s.get("status") or {}).get("podIPs", [None])[0]
+
+    ip = ip_now()
+    up = wait_for(
+        lambda: (u := _sync(r.lookup(kube.ns, name, 8888))) and u.host == ip and u,
+        10,
+        what="resolver sees the pod IP",
+    )
+    assert up == Upstream(host=ip, port=8888)
+    assert _sync(r.lookup(kube.ns, name, 9000)).port == 9000
+
+    # suspended: no pod, so no address (404), not a stale IP
+    kube.patch(SB, name, {"spec": {"operatingMode": "Suspended"}})
+    wait_for(lambda: _sync(r.lookup(kube.ns, name, 8888)) is None, 20, what="suspended -> None")
+
+    # resumed: the new pod's IP
+    kube.patch(SB, name, {"spec": {"operatingMode": "Running"}})
+    wait_for(lambda: ip_now(), 30, what="new pod IP in status")
+    wait_for(
+        lambda: (u := _sync(r.lookup(kube.ns, name, 8888))) and u.host == ip_now(),
+        10,
+        what="resolver sees the new pod IP",
+    )
+
+    # unknown sandbox: DNS fallback; other namespace: refused
+    assert _sync(r.lookup(kube.ns, "nope", 8888)) == Upstream(
+        host=f"nope.{kube.ns}.svc.cluster.local", port=8888
+    )
+    assert _sync(r.lookup("kube-system", name, 8888)) is None
+
+    # deleted: forgotten
+    kube.delete(SB, name)
+    wait_for(
+        lambda: r.get(kube.ns, name) is None, 30, what="deleted sandbox dropped from the cache"
+    )
+
+
+def test_cluster_wide_without_fallback(kube, operator, resolver_factory):
+    r = resolver_factory(fallback_dns=False)
+    assert _sync(r.lookup(kube.ns, "nope", 8888)) is None
+    make_pool(kube, replicas=1)
+    (sb,) = kube.list(SB)
+    name = sb["metadata"]["name"]
+    wait_for(lambda: _sync(r.lookup(kube.ns, name, 8888)), 10, what="cluster-wide watch sees it")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class _Hello(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        body = b"hello from " + self.path.encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+def test_router_main_with_api_resolver(kube, kube_cluster, tmp_path):
+    """``python -m jupyter_sandbox.router --resolve=api`` routes by Sandbox status.
+
+    No operator here: the test writes the Sandbox status itself (as a controller
+    would) with a loopback pod IP, where a stand-in upstream listens."""
+    import httpx
+
+    upstream = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hello)
+    up_port = upstream.server_address[1]
+    threading.Thread(target=upstream.serve_forever, daemon=True).start()
+    kube.create(SB, sandbox_body("sb-route"))
+    kube.co.patch_namespaced_custom_object_status(
+        *SB[:2], kube.ns, SB[2], "sb-route", {"status": {"podIPs": ["127.0.0.1"]}}
+    )
+    port = _free_port()
+    log = open(tmp_path / "router.log", "wb")
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "jupyter_sandbox.router",
+            f"--port={port}",
+            "--address=127.0.0.1",
+            "--resolve=api",
+            f"--kubeconfig={kube_cluster.kubeconfig}",
+            f"--allowed-namespaces={kube.ns}",
+            "--no-dns-fallback",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=REPO_ROOT,
+        env={**os.environ, "PROXY_TIMEOUT_SECONDS": "5"},
+    )
+    try:
+        url = f"http://127.0.0.1:{port}/some/path"
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                r = httpx.get(url, timeout=2)
+                break
+            except httpx.TransportError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+        assert r.status_code == 400  # no X-Sandbox-ID
+        h = {
+            "X-Sandbox-ID": "sb-route",
+            "X-Sandbox-Namespace": kube.ns,
+            "X-Sandbox-Port": str(up_port),
+        }
+        r = wait_for(
+            lambda: (x := httpx.get(url, headers=h, timeout=5)).status_code == 200 and x,
+            10,
+            what="routed through the API resolver",
+        )
+        assert r.text == "hello from /some/path"
+        assert httpx.get(url, headers={**h, "X-Sandbox-Namespace": "other"}).status_code == 404
+        assert httpx.get(url, headers={**h, "X-Sandbox-ID": "nope"}).status_code == 404
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        log.close()
+        upstream.shutdown()
+    assert "resolve: api" in (tmp_path / "router.log").read_text()
