@@ -138,7 +138,7 @@ class Connector:
         argv += ["-n", cfg.router_namespace]
         if self.backend_options.get("kubeconfig"):
             argv += ["--kubeconfig", str(self.backend_options["kubeconfig"])]
-        self._tunnel = subprocess.Popen(  # noqa: ASYNC220 - spawning is quick
+        self._tunnel = subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE
         )
         deadline = time.monotonic() + cfg.port_forward_ready_timeout

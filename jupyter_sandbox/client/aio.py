@@ -366,7 +366,7 @@ class AsyncSandbox:
                 self._tunnel, _ = await kernel_tunnel.open_tunnel(self.endpoint, timeout)
             info = self._tunnel.connection_info()
         client = AsyncKernelClient()
-        client.load_connection_info(info)
+        client.load_connection_info(info)  # type: ignore[arg-type]
         client.start_channels()
         try:
             await client.wait_for_ready(timeout=timeout)

@@ -183,7 +183,7 @@ class Sandbox:
 
         info = _run(tunnel_info())
         client = BlockingKernelClient()
-        client.load_connection_info(info)
+        client.load_connection_info(info)  # type: ignore[arg-type]
         client.start_channels()
         try:
             client.wait_for_ready(timeout=timeout)
