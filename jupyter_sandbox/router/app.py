@@ -6,8 +6,9 @@ from typing import Any
 
 from tornado import httputil, routing, web
 
-from .proxy import HTTPProxyHandler, WebSocketProxyHandler
+from .proxy import HTTPProxyHandler
 from .settings import RouterContext
+from .ws_tunnel import WebSocketTunnelHandler
 
 
 class _UpgradeAwareRouter(routing.Router):
@@ -19,7 +20,7 @@ class _UpgradeAwareRouter(routing.Router):
         self, request: httputil.HTTPServerRequest, **kwargs: Any
     ) -> httputil.HTTPMessageDelegate | None:
         upgrade = request.headers.get("Upgrade", "").lower() == "websocket"
-        target = WebSocketProxyHandler if upgrade else HTTPProxyHandler
+        target = WebSocketTunnelHandler if upgrade else HTTPProxyHandler
         return self.app.get_handler_delegate(request, target, {"ctx": self.ctx})
 
 

@@ -1,0 +1,178 @@
+"""WebSocket proxying by splicing: the router takes part in the handshake, then copies bytes.
+
+After authorizing the upgrade the router opens its own connection to the sandbox,
+replays the client's handshake there (so the sandbox answers the client's own
+Sec-WebSocket-Key and picks the subprotocol), sends the 101 back, and from then
+on forwards bytes both ways. Frames are never decoded or re-masked; the router only
+reads the header of each frame the client sends, to close messages over the size
+limit with 1009 before they reach the sandbox.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import struct
+from typing import Any
+
+from tornado import httputil, iostream, web
+from tornado.tcpclient import TCPClient
+
+from .proxy import _Refused, _send_error, route_request
+from .routing import forward_headers
+from .settings import RouterContext
+
+log = logging.getLogger(__name__)
+
+HANDSHAKE_LIMIT = 64 * 1024
+CLOSE_TOO_BIG = 1009
+PASSED_BACK = (
+    "upgrade",
+    "connection",
+    "sec-websocket-accept",
+    "sec-websocket-protocol",
+    "sec-websocket-extensions",
+)
+
+
+class WebSocketTunnelHandler(web.RequestHandler):
+    def initialize(self, ctx: RouterContext) -> None:
+        self.ctx = ctx
+
+    async def get(self, *args: Any) -> None:
+        try:
+            _, upstream = await route_request(self.ctx, self.request)
+        except _Refused as exc:
+            _send_error(self, exc.status, exc.message)
+            return
+        host, _, port = upstream.authority().rpartition(":")
+        try:
+            sandbox = await asyncio.wait_for(
+                TCPClient(resolver=self.ctx.resolver).connect(host.strip("[]"), int(port)),
+                self.ctx.connect_timeout,
+            )
+        except (OSError, TimeoutError, iostream.StreamClosedError) as exc:
+            log.info("connect to %s failed: %r", upstream, exc)
+            _send_error(self, 502, "sandbox unreachable")
+            return
+        try:
+            status, headers = await self._handshake(sandbox, upstream.authority())
+        except (
+            iostream.StreamClosedError,
+            iostream.UnsatisfiableReadError,
+            TimeoutError,
+            httputil.HTTPInputError,
+        ) as exc:
+            log.info("handshake with %s failed: %r", upstream, exc)
+            sandbox.close()
+            _send_error(self, 502, "the sandbox broke off the WebSocket handshake")
+            return
+        if status != 101:
+            sandbox.close()
+            _send_error(self, 502, f"sandbox refused the WebSocket ({status})")
+            return
+        self.set_status(101)
+        self.clear_header("Content-Type")
+        for name, value in headers.get_all():
+            if name.lower() in PASSED_BACK:
+                self.add_header(name, value)
+        self.finish()
+        client = self.detach()
+        client.set_nodelay(True)
+        sandbox.set_nodelay(True)
+        await _splice(client, sandbox, self.ctx.max_ws_message)
+
+    async def _handshake(
+        self, sandbox: iostream.IOStream, authority: str
+    ) -> tuple[int, httputil.HTTPHeaders]:
+        request = self.request
+        lines = [
+            f"GET {request.uri or '/'} HTTP/1.1",
+            f"Host: {authority}",
+            "Upgrade: websocket",
+            "Connection: Upgrade",
+        ]
+        for name, value in forward_headers(request.headers, websocket=True).items():
+            lines.append(f"{name}: {value}")
+        for name in (
+            "Sec-WebSocket-Key",
+            "Sec-WebSocket-Version",
+            "Sec-WebSocket-Protocol",
+            "Sec-WebSocket-Extensions",
+        ):
+            for value in request.headers.get_list(name):
+                lines.append(f"{name}: {value}")
+        await sandbox.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
+        head = await asyncio.wait_for(
+            sandbox.read_until(b"\r\n\r\n", max_bytes=HANDSHAKE_LIMIT), self.ctx.connect_timeout
+        )
+        first, _, rest = head.decode("latin-1").partition("\r\n")
+        start = httputil.parse_response_start_line(first)
+        return start.code, httputil.HTTPHeaders.parse(rest)
+
+
+async def _splice(client: iostream.IOStream, sandbox: iostream.IOStream, limit: int) -> None:
+    up = asyncio.ensure_future(_client_to_sandbox(client, sandbox, limit))
+    down = asyncio.ensure_future(_copy(sandbox, client))
+    try:
+        await asyncio.wait({up, down}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (up, down):
+            task.cancel()
+        client.close()
+        sandbox.close()
+
+
+async def _copy(source: iostream.IOStream, sink: iostream.IOStream) -> None:
+    try:
+        while True:
+            chunk = await source.read_bytes(256 * 1024, partial=True)
+            await sink.write(chunk)
+    except iostream.StreamClosedError:
+        pass
+
+
+async def _client_to_sandbox(
+    client: iostream.IOStream, sandbox: iostream.IOStream, limit: int
+) -> None:
+    """Forward client frames unchanged, counting each message's size from frame headers."""
+    message_size = 0
+    try:
+        while True:
+            head = await client.read_bytes(2)
+            fin, length = head[0] & 0x80, head[1] & 0x7F
+            opcode = head[0] & 0x0F
+            extra = b""
+            if length == 126:
+                extra = await client.read_bytes(2)
+                (length,) = struct.unpack("!H", extra)
+            elif length == 127:
+                extra = await client.read_bytes(8)
+                (length,) = struct.unpack("!Q", extra)
+            if opcode < 0x8:  # data frames add up to a message; control frames stand alone
+                message_size += length
+                if message_size > limit:
+                    log.info("closing a WebSocket: message over %s bytes", limit)
+                    await _close_too_big(client, sandbox)
+                    return
+                if fin:
+                    message_size = 0
+            mask = await client.read_bytes(4) if head[1] & 0x80 else b""
+            await sandbox.write(head + extra + mask)
+            remaining = length
+            while remaining:
+                chunk = await client.read_bytes(min(remaining, 256 * 1024), partial=True)
+                remaining -= len(chunk)
+                await sandbox.write(chunk)
+    except iostream.StreamClosedError:
+        pass
+
+
+async def _close_too_big(client: iostream.IOStream, sandbox: iostream.IOStream) -> None:
+    reason = b"message too big"
+    payload = struct.pack("!H", CLOSE_TOO_BIG) + reason
+    try:
+        await client.write(bytes([0x88, len(payload)]) + payload)  # server frames are unmasked
+    except iostream.StreamClosedError:
+        pass
+    sandbox.close()
