@@ -9,7 +9,7 @@ from typing import Any
 
 import aiohttp
 import yarl
-from tornado import httpclient, httputil, iostream, web, websocket
+from tornado import httputil, iostream, web
 
 from .routing import Route, RoutingError, forward_headers, parse_route, response_headers
 from .settings import RouterContext
@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
 
-class _Refused(Exception):
+class Refused(Exception):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status = status
@@ -31,27 +31,27 @@ class _Refused(Exception):
 async def route_request(
     ctx: RouterContext, request: httputil.HTTPServerRequest
 ) -> tuple[Route, Upstream]:
-    """Validate, authorize and resolve a request, or raise _Refused with its status."""
+    """Validate, authorize and resolve a request, or raise Refused with its status."""
     try:
         route = parse_route(request.headers, ctx.default_namespace)
     except RoutingError as exc:
-        raise _Refused(400, str(exc)) from None
+        raise Refused(400, str(exc)) from None
     if ctx.authority is not None:
         token = bearer(request.headers.get("Authorization"))
         try:
             ctx.authority.check(token, route.namespace, route.name)
         except TokenRefused as exc:
-            raise _Refused(exc.status, exc.reason) from None
+            raise Refused(exc.status, exc.reason) from None
     upstream = await ctx.lookup(route.namespace, route.name, route.port)
     if upstream is None:
-        raise _Refused(404, f"sandbox {route.namespace}/{route.name} not found")
+        raise Refused(404, f"sandbox {route.namespace}/{route.name} not found")
     if route.pod_ip is not None and route.pod_ip != upstream.host:
-        raise _Refused(403, "X-Sandbox-Pod-IP does not match the sandbox")
+        raise Refused(403, "X-Sandbox-Pod-IP does not match the sandbox")
     ctx.resolver.register(upstream)
     return route, upstream
 
 
-def _send_error(handler: web.RequestHandler, status: int, message: str) -> None:
+def send_error(handler: web.RequestHandler, status: int, message: str) -> None:
     handler.clear()
     handler.set_status(status)
     handler.set_header("Content-Type", "application/json")
@@ -72,8 +72,8 @@ class HTTPProxyHandler(web.RequestHandler):
     async def prepare(self) -> None:
         try:
             route, upstream = await route_request(self.ctx, self.request)
-        except _Refused as exc:
-            _send_error(self, exc.status, exc.message)
+        except Refused as exc:
+            send_error(self, exc.status, exc.message)
             return
         method = self.request.method or "GET"
         if method in BODY_METHODS:
@@ -114,10 +114,10 @@ class HTTPProxyHandler(web.RequestHandler):
         try:
             response = await self._upstream
         except TimeoutError:
-            _send_error(self, 504, "the sandbox did not answer in time")
+            send_error(self, 504, "the sandbox did not answer in time")
             return
         except aiohttp.ClientError:
-            _send_error(self, 502, "sandbox unreachable")
+            send_error(self, 502, "sandbox unreachable")
             return
         try:
             self.set_status(response.status, response.reason or None)
@@ -166,90 +166,3 @@ class HTTPProxyHandler(web.RequestHandler):
     def on_connection_close(self) -> None:
         if self._upstream is not None and not self._upstream.done():
             self._upstream.cancel()
-
-
-class WebSocketProxyHandler(websocket.WebSocketHandler):
-    def initialize(self, ctx: RouterContext) -> None:
-        self.ctx = ctx
-        self.upstream: websocket.WebSocketClientConnection | None = None
-        self._pending: list[str | bytes] = []
-        self._opened = False
-
-    def check_origin(self, origin: str) -> bool:
-        # Authorization is a bearer token, never a cookie, so a foreign origin gains nothing.
-        return True
-
-    async def get(self, *args: Any, **kwargs: Any) -> None:
-        try:
-            _, upstream = await route_request(self.ctx, self.request)
-        except _Refused as exc:
-            _send_error(self, exc.status, exc.message)
-            return
-        requested = [
-            p.strip()
-            for p in self.request.headers.get("Sec-WebSocket-Protocol", "").split(",")
-            if p.strip()
-        ]
-        req = httpclient.HTTPRequest(
-            url=f"ws://{upstream.authority()}{self.request.uri or '/'}",
-            headers=forward_headers(self.request.headers, websocket=True),
-            connect_timeout=self.ctx.connect_timeout,
-        )
-        try:
-            self.upstream = await websocket.websocket_connect(
-                req,
-                subprotocols=requested or None,
-                resolver=self.ctx.resolver,
-                max_message_size=self.ctx.max_ws_message,
-                on_message_callback=self._from_upstream,
-            )
-        except httpclient.HTTPClientError as exc:
-            _send_error(self, 502, f"sandbox refused the WebSocket ({exc.code})")
-            return
-        except (TimeoutError, OSError, websocket.WebSocketError):
-            _send_error(self, 502, "sandbox unreachable")
-            return
-        await super().get(*args, **kwargs)
-
-    def get_compression_options(self) -> dict[str, Any] | None:
-        return None
-
-    def select_subprotocol(self, subprotocols: list[str]) -> str | None:
-        if self.upstream is None:
-            return None
-        return self.upstream.selected_subprotocol
-
-    def open(self, *args: Any, **kwargs: Any) -> None:
-        self.set_nodelay(True)
-        self._opened = True
-        for message in self._pending:
-            self.write_message(message, binary=isinstance(message, bytes))
-        self._pending = []
-
-    def _from_upstream(self, message: str | bytes | None) -> None:
-        if message is None:
-            code = self.upstream.close_code if self.upstream is not None else None
-            reason = self.upstream.close_reason if self.upstream is not None else None
-            if self.ws_connection is not None:
-                self.close(code or 1011, reason or "sandbox closed the connection")
-            return
-        if not self._opened:
-            self._pending.append(message)
-            return
-        try:
-            self.write_message(message, binary=isinstance(message, bytes))
-        except websocket.WebSocketClosedError:
-            pass
-
-    def on_message(self, message: str | bytes) -> None:
-        if self.upstream is None:
-            return
-        try:
-            self.upstream.write_message(message, binary=isinstance(message, bytes))
-        except websocket.WebSocketClosedError:
-            self.close(1011, "sandbox connection lost")
-
-    def on_close(self) -> None:
-        if self.upstream is not None:
-            self.upstream.close(self.close_code or 1000, self.close_reason)
-            self.upstream = None

@@ -18,7 +18,7 @@ from typing import Any
 from tornado import httputil, iostream, web
 from tornado.tcpclient import TCPClient
 
-from .proxy import _Refused, _send_error, route_request
+from .proxy import Refused, send_error, route_request
 from .routing import forward_headers
 from .settings import RouterContext
 
@@ -42,8 +42,8 @@ class WebSocketTunnelHandler(web.RequestHandler):
     async def get(self, *args: Any) -> None:
         try:
             _, upstream = await route_request(self.ctx, self.request)
-        except _Refused as exc:
-            _send_error(self, exc.status, exc.message)
+        except Refused as exc:
+            send_error(self, exc.status, exc.message)
             return
         host, _, port = upstream.authority().rpartition(":")
         try:
@@ -53,7 +53,7 @@ class WebSocketTunnelHandler(web.RequestHandler):
             )
         except (OSError, TimeoutError, iostream.StreamClosedError) as exc:
             log.info("connect to %s failed: %r", upstream, exc)
-            _send_error(self, 502, "sandbox unreachable")
+            send_error(self, 502, "sandbox unreachable")
             return
         try:
             status, headers = await self._handshake(sandbox, upstream.authority())
@@ -65,11 +65,11 @@ class WebSocketTunnelHandler(web.RequestHandler):
         ) as exc:
             log.info("handshake with %s failed: %r", upstream, exc)
             sandbox.close()
-            _send_error(self, 502, "the sandbox broke off the WebSocket handshake")
+            send_error(self, 502, "the sandbox broke off the WebSocket handshake")
             return
         if status != 101:
             sandbox.close()
-            _send_error(self, 502, f"sandbox refused the WebSocket ({status})")
+            send_error(self, 502, f"sandbox refused the WebSocket ({status})")
             return
         self.set_status(101)
         self.clear_header("Content-Type")
