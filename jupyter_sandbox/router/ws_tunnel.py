@@ -18,7 +18,7 @@ from typing import Any
 from tornado import httputil, iostream, web
 from tornado.tcpclient import TCPClient
 
-from .proxy import Refused, send_error, route_request
+from .proxy import Refused, route_request, send_error
 from .routing import forward_headers
 from .settings import RouterContext
 
