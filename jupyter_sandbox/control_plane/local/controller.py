@@ -30,6 +30,7 @@ from .model import (
     check_name,
     random_suffix,
 )
+from .paths import runtime_dir
 from .process import LaunchSpec, Limits, SandboxProcess
 
 log = logging.getLogger(__name__)
@@ -346,7 +347,7 @@ class LocalController:
             owner=owner,
             env=dict(env or {}),
             workspace=str(self.base / "workspaces" / name),
-            runtime_dir=str(self.base / "run" / name),
+            runtime_dir=str(runtime_dir(self.base, name)),
         )
         self.store.sandboxes[name] = sandbox
         self._touch("sandbox", name)

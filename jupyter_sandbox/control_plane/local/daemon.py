@@ -22,10 +22,8 @@ from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_sockets, bind_unix_socket
 
 from ..._version import __version__
-from ...router.app import make_router_app
-from ...router.settings import RouterContext
+from ...router.local import die_with_parent
 from ...router.tokens import TokenAuthority, new_secret
-from ...router.upstreams import Upstream
 from .api import DaemonContext, make_api_app
 from .controller import LocalController
 from .isolation import probe
@@ -65,23 +63,8 @@ async def serve(args: argparse.Namespace) -> int:
     controller.load([PoolSpec(name=DEFAULT_POOL, replicas=args.default_replicas)])
     authority = TokenAuthority(load_secret(base))
 
-    async def lookup(namespace: str, name: str, port: int) -> Upstream | None:
-        if namespace != NAMESPACE:
-            return None
-        sandbox = controller.store.sandboxes.get(name)
-        proc = controller.processes.get(name)
-        if sandbox is None or proc is None:
-            return None
-        return Upstream(unix_socket=str(proc.socket))
-
-    router_ctx = RouterContext(lookup=lookup, authority=authority, default_namespace=NAMESPACE)
-    router = HTTPServer(
-        make_router_app(router_ctx), max_body_size=1 << 34, idle_connection_timeout=3600
-    )
-    sockets = bind_sockets(args.router_port, address="127.0.0.1")
-    router.add_sockets(sockets)
-    router_port = sockets[0].getsockname()[1]
-    router_url = f"http://127.0.0.1:{router_port}"
+    router = RouterProcess(base, args.router_port)
+    router_url = await router.start()
 
     info = {
         "version": __version__,
@@ -113,15 +96,12 @@ async def serve(args: argparse.Namespace) -> int:
         loop.add_signal_handler(sig, ctx.stop.set)
     runner = asyncio.create_task(controller.run())
     idle_task = asyncio.create_task(_idle_watch(controller, ctx.stop, args.idle_timeout))
-    prune_task = asyncio.create_task(_prune_router_pools(router_ctx))
     await ctx.stop.wait()
     log.info("daemon stopping")
     runner.cancel()
     idle_task.cancel()
-    prune_task.cancel()
-    await router_ctx.close()
     api.stop()
-    router.stop()
+    await router.stop()
     await controller.shutdown()
     for path in (sock_path, base / "daemon.json"):
         path.unlink(missing_ok=True)
@@ -129,10 +109,100 @@ async def serve(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _prune_router_pools(ctx: RouterContext) -> None:
-    while True:
-        await asyncio.sleep(10)
-        await ctx.prune()
+class RouterProcess:
+    """The router as a child process, restarted on the same port whenever it exits.
+
+    Keeping the port lets bridges reconnect to the same URL after a router restart.
+    """
+
+    def __init__(self, base: Path, port: int) -> None:
+        self.base = base
+        self.port = port or _remembered_port(base)
+        self.proc: asyncio.subprocess.Process | None = None
+        self._watch: asyncio.Task[None] | None = None
+        self._stopping = False
+
+    async def start(self) -> str:
+        self.port = _usable_port(self.port)
+        (self.base / "router-port").write_text(str(self.port))
+        await self._spawn()
+        self._watch = asyncio.create_task(self._keep_running())
+        return f"http://127.0.0.1:{self.port}"
+
+    async def _spawn(self) -> None:
+        log_file = open(self.base / "router.log", "ab")
+        try:
+            self.proc = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "jupyter_sandbox.router.local",
+                "--state-dir",
+                str(self.base),
+                "--port",
+                str(self.port),
+                "--parent",
+                str(os.getpid()),
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=log_file,
+                preexec_fn=die_with_parent,
+            )
+        finally:
+            log_file.close()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and self.proc.returncode is None:
+            try:
+                _, writer = await asyncio.open_connection("127.0.0.1", self.port)
+                writer.close()
+                return
+            except OSError:
+                await asyncio.sleep(0.05)
+        log.error("the router did not start listening; see %s", self.base / "router.log")
+
+    async def _keep_running(self) -> None:
+        delay = 0.1
+        while not self._stopping:
+            assert self.proc is not None
+            code = await self.proc.wait()
+            if self._stopping:
+                return
+            log.warning("router exited with %s; restarting it on port %s", code, self.port)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+            await self._spawn()
+
+    async def stop(self) -> None:
+        self._stopping = True
+        if self._watch is not None:
+            self._watch.cancel()
+        if self.proc is not None and self.proc.returncode is None:
+            self.proc.terminate()
+            try:
+                await asyncio.wait_for(self.proc.wait(), 10)
+            except TimeoutError:
+                self.proc.kill()
+                await self.proc.wait()
+
+
+def _remembered_port(base: Path) -> int:
+    try:
+        return int((base / "router-port").read_text())
+    except (OSError, ValueError):
+        return 0
+
+
+def _usable_port(port: int) -> int:
+    """``port`` if it can be bound on loopback now, else a free one."""
+    for candidate in ([port] if port else []) + [0]:
+        try:
+            sockets = bind_sockets(candidate, address="127.0.0.1")
+        except OSError:
+            continue
+        chosen = int(sockets[0].getsockname()[1])
+        for sock in sockets:
+            sock.close()
+        return chosen
+    raise OSError("no loopback port for the router")
 
 
 async def _idle_watch(controller: LocalController, stop: asyncio.Event, timeout: float) -> None:

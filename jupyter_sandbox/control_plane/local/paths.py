@@ -20,3 +20,15 @@ def state_dir() -> Path:
 
 def socket_path(base: Path) -> Path:
     return base / "daemon.sock"
+
+
+def runtime_dir(base: Path, sandbox: str) -> Path:
+    """Where a sandbox's runtime socket and kernel sockets live."""
+    return base / "run" / sandbox
+
+
+SOCKET_NAME = "runtime.sock"
+
+
+def runtime_socket(base: Path, sandbox: str) -> Path:
+    return runtime_dir(base, sandbox) / SOCKET_NAME

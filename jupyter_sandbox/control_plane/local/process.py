@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from .isolation import RUNTIME_DIR, WORKSPACE, Isolation, bwrap_command
+from .paths import SOCKET_NAME
 
 log = logging.getLogger(__name__)
 
-SOCKET_NAME = "runtime.sock"
 BASE_ENV = {
     "LANG": "C.UTF-8",
     "LC_ALL": "C.UTF-8",
