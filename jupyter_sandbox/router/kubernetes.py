@@ -76,7 +76,7 @@ class SandboxResolver:
     # -- lifecycle ---------------------------------------------------------------
 
     def start(self) -> SandboxResolver:
-        scopes: list[str | None] = sorted(self.allowed) if self.allowed else [None]
+        scopes: list[str | None] = list(sorted(self.allowed)) if self.allowed else [None]
         for ns in scopes:
             handle = kc.WatchHandle()
             self._handles.append(handle)

@@ -196,9 +196,7 @@ class KubernetesControlPlane(ControlPlane):
         self.authority = TokenAuthority(secret) if secret else None
         if self.authority is not None and not self.router_url:
             log.warning("a token secret is configured but no router_url: tokens are unused")
-        self._executor = concurrent.futures.ThreadPoolExecutor(
-            max_workers=max(4, int(max_threads)), thread_name_prefix="jupyter-sandbox-k8s"
-        )
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._max_threads = max(4, int(max_threads))
         self._kube: kc.KubeConfig | None = None
         self._kube_lock = asyncio.Lock()
@@ -208,6 +206,10 @@ class KubernetesControlPlane(ControlPlane):
     # -- plumbing ---------------------------------------------------------------
 
     async def _thread(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        if self._executor is None:  # created lazily, and again after close()
+            self._executor = concurrent.futures.ThreadPoolExecutor(
+                max_workers=self._max_threads, thread_name_prefix="jupyter-sandbox-k8s"
+            )
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, functools.partial(fn, *args, **kwargs))
 
@@ -607,7 +609,9 @@ class KubernetesControlPlane(ControlPlane):
         kube, self._kube = self._kube, None
         if kube is not None:
             await self._thread(kube.api_client.close)
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        executor, self._executor = self._executor, None
+        if executor is not None:
+            executor.shutdown(wait=False, cancel_futures=True)
 
     # -- status mapping ----------------------------------------------------------------
 
