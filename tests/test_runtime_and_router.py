@@ -12,6 +12,7 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
+import psutil
 import pytest
 from tornado import httpclient, web, websocket
 from tornado.httpserver import HTTPServer
@@ -159,6 +160,64 @@ async def test_execute_timeout_kills_the_command(router: dict[str, Any]) -> None
     )
     assert json.loads(r.body)["exit_code"] == 124
     assert time.monotonic() - started < 10
+
+
+async def test_execute_timeout_keeps_the_output_so_far(router: dict[str, Any]) -> None:
+    r = await fetch(
+        router,
+        "/execute",
+        routed(router),
+        "POST",
+        {"command": "echo before; sleep 30", "shell": True, "timeout": 1},
+    )
+    body = json.loads(r.body)
+    assert body["exit_code"] == 124
+    assert body["stdout"] == "before\n"
+    assert "timed out" in body["stderr"]
+
+
+async def test_abandoned_stream_kills_the_command(
+    router: dict[str, Any], runtime: dict[str, Any]
+) -> None:
+    marker = runtime["workspace"] / "stream.pid"
+    marker.unlink(missing_ok=True)
+    reader, writer = await asyncio.open_connection(*router["url"][7:].split(":"))
+    body = json.dumps({"command": "echo $$ > stream.pid; exec sleep 60", "shell": True})
+    head = "".join(f"{k}: {v}\r\n" for k, v in routed(router).items())
+    writer.write(
+        (
+            f"POST /execute/stream HTTP/1.1\r\nHost: x\r\n{head}"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+            f"{body}"
+        ).encode()
+    )
+    await writer.drain()
+    deadline = time.monotonic() + 20
+    while not marker.exists() or not marker.read_text().strip():
+        assert time.monotonic() < deadline, "the command never started"
+        await asyncio.sleep(0.1)
+    pid = int(marker.read_text())
+    assert psutil.pid_exists(pid)
+    writer.close()  # the caller goes away mid-stream
+    deadline = time.monotonic() + 15
+    while psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() < deadline, "the command outlived its reader"
+        await asyncio.sleep(0.1)
+
+
+async def test_sandbox_timeout_header(router: dict[str, Any]) -> None:
+    started = time.monotonic()
+    r = await fetch(
+        router,
+        "/execute",
+        {**routed(router), "X-Sandbox-Timeout": "1"},
+        "POST",
+        {"command": "sleep 10"},
+    )
+    assert r.code == 504
+    assert time.monotonic() - started < 8
+    r = await fetch(router, "/", {**routed(router), "X-Sandbox-Timeout": "soon"})
+    assert r.code == 400
 
 
 @pytest.mark.parametrize(

@@ -68,6 +68,7 @@ class HTTPProxyHandler(web.RequestHandler):
         self.ctx = ctx
         self._body: asyncio.Queue[bytes | None] | None = None
         self._upstream: asyncio.Task[aiohttp.ClientResponse] | None = None
+        self._response: aiohttp.ClientResponse | None = None
 
     async def prepare(self) -> None:
         try:
@@ -92,7 +93,8 @@ class HTTPProxyHandler(web.RequestHandler):
                 auto_decompress=False,
                 skip_auto_headers=("User-Agent", "Accept-Encoding", "Accept", "Content-Type"),
                 timeout=aiohttp.ClientTimeout(
-                    total=self.ctx.proxy_timeout, sock_connect=self.ctx.connect_timeout
+                    total=route.timeout or self.ctx.proxy_timeout,
+                    sock_connect=self.ctx.connect_timeout,
                 ),
             )
         )
@@ -112,7 +114,9 @@ class HTTPProxyHandler(web.RequestHandler):
         if self._body is not None:
             await self._body.put(None)
         try:
-            response = await self._upstream
+            response = self._response = await self._upstream
+        except asyncio.CancelledError:
+            return  # the caller went away before the sandbox answered
         except TimeoutError:
             send_error(self, 504, "the sandbox did not answer in time")
             return
@@ -138,7 +142,7 @@ class HTTPProxyHandler(web.RequestHandler):
             if stream is not None:
                 stream.close()
         except iostream.StreamClosedError:
-            pass  # the caller went away
+            response.close()  # the caller went away: drop the upstream exchange too
         finally:
             response.release()
 
@@ -164,5 +168,8 @@ class HTTPProxyHandler(web.RequestHandler):
         await self._relay()
 
     def on_connection_close(self) -> None:
+        # Tell the sandbox too: a streaming command is killed when its reader leaves.
         if self._upstream is not None and not self._upstream.done():
             self._upstream.cancel()
+        if self._response is not None:
+            self._response.close()

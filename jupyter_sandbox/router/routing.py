@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 DEFAULT_NAMESPACE = "default"
 DEFAULT_PORT = 8888
+MAX_TIMEOUT = 24 * 3600.0
 DNS_LABEL = re.compile(r"^[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?$")
 
 ROUTING_HEADERS = frozenset(
@@ -54,6 +55,7 @@ class Route:
     namespace: str
     port: int
     pod_ip: str | None
+    timeout: float | None = None  # X-Sandbox-Timeout: this request's proxy timeout
 
 
 def parse_route(headers: Mapping[str, str], default_namespace: str = DEFAULT_NAMESPACE) -> Route:
@@ -77,7 +79,16 @@ def parse_route(headers: Mapping[str, str], default_namespace: str = DEFAULT_NAM
         if ip.is_loopback or ip.is_link_local or ip.is_multicast or ip.is_unspecified:
             raise RoutingError("Invalid target IP address.")
         pod_ip = str(ip)
-    return Route(name=name, namespace=namespace, port=int(raw_port), pod_ip=pod_ip)
+    timeout = None
+    raw_timeout = headers.get("X-Sandbox-Timeout")
+    if raw_timeout:
+        try:
+            timeout = float(raw_timeout)
+        except ValueError:
+            raise RoutingError("Invalid timeout format.") from None
+        if not 0 < timeout <= MAX_TIMEOUT:
+            raise RoutingError(f"X-Sandbox-Timeout must be in (0, {MAX_TIMEOUT:g}] seconds.")
+    return Route(name=name, namespace=namespace, port=int(raw_port), pod_ip=pod_ip, timeout=timeout)
 
 
 def hop_by_hop(headers: Mapping[str, str]) -> set[str]:

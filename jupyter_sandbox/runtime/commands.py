@@ -7,6 +7,7 @@ import os
 import shlex
 import signal
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from dataclasses import dataclass
 
 DEFAULT_TIMEOUT = 300.0
@@ -51,23 +52,20 @@ def _kill_group(proc: asyncio.subprocess.Process) -> None:
 
 
 async def run(argv: list[str], *, cwd: str, env: dict[str, str], timeout: float) -> CommandResult:
-    try:
-        proc = await _spawn(argv, cwd, env)
-    except (FileNotFoundError, PermissionError) as exc:
-        return CommandResult("", f"Failed to execute command: {exc}", 127)
-    try:
-        out, err = await asyncio.wait_for(proc.communicate(), timeout)
-    except TimeoutError:
-        _kill_group(proc)
-        out, err = await proc.communicate()
-        message = err.decode(errors="replace") + f"\ncommand timed out after {timeout:g}s\n"
-        return CommandResult(out.decode(errors="replace"), message, TIMEOUT_EXIT_CODE)
-    finally:
-        if proc.returncode is None:
-            _kill_group(proc)
-    assert proc.returncode is not None
+    """Run to completion; on timeout the output so far is kept and the exit code is 124."""
+    out: list[bytes] = []
+    err: list[bytes] = []
+    code = 0
+    async with aclosing(stream(argv, cwd=cwd, env=env, timeout=timeout)) as output:
+        async for kind, value in output:
+            if kind == "exit":
+                assert isinstance(value, int)
+                code = value
+            else:
+                assert isinstance(value, bytes)
+                (out if kind == "stdout" else err).append(value)
     return CommandResult(
-        out.decode(errors="replace"), err.decode(errors="replace"), proc.returncode
+        b"".join(out).decode(errors="replace"), b"".join(err).decode(errors="replace"), code
     )
 
 

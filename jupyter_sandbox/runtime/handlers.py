@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
 import signal
+from contextlib import aclosing
 from typing import Any
 
 from tornado import web, websocket
@@ -161,7 +163,12 @@ class ExecuteHandler(BaseHandler):
 
 
 class ExecuteStreamHandler(BaseHandler):
-    """Newline-delimited JSON: {"stdout": ...} and {"stderr": ...} chunks, then {"exit_code": n}."""
+    """Newline-delimited JSON: {"stdout": ...} and {"stderr": ...} chunks, then {"exit_code": n}.
+
+    If the caller goes away the command's whole process group is killed.
+    """
+
+    _task: asyncio.Task[None] | None = None
 
     async def post(self) -> None:
         body = self.json_body()
@@ -172,20 +179,34 @@ class ExecuteStreamHandler(BaseHandler):
             argv = commands.argv_for(command, bool(body.get("shell", False)))
         except ValueError as exc:
             raise web.HTTPError(400, f"cannot parse command: {exc}") from None
+        timeout = _timeout(body.get("timeout"))
         self.set_header("Content-Type", "application/x-ndjson")
-        async for kind, value in commands.stream(
-            argv,
-            cwd=self.runtime.workspace,
-            env=self.runtime.command_env,
-            timeout=_timeout(body.get("timeout")),
-        ):
-            if kind == "exit":
-                self.write(json.dumps({"exit_code": value}) + "\n")
-            else:
-                assert isinstance(value, bytes)
-                self.write(json.dumps({kind: value.decode(errors="replace")}) + "\n")
-            await self.flush()
+        self._task = asyncio.create_task(self._relay(argv, timeout))
+        try:
+            await self._task
+        except asyncio.CancelledError:
+            return  # the connection closed; stream()'s cleanup killed the command
         self.finish()
+
+    async def _relay(self, argv: list[str], timeout: float) -> None:
+        output = commands.stream(
+            argv, cwd=self.runtime.workspace, env=self.runtime.command_env, timeout=timeout
+        )
+        async with aclosing(output):  # closing it kills the command if we stop early
+            async for kind, value in output:
+                await self._send(kind, value)
+
+    async def _send(self, kind: str, value: bytes | int) -> None:
+        if kind == "exit":
+            self.write(json.dumps({"exit_code": value}) + "\n")
+        else:
+            assert isinstance(value, bytes)
+            self.write(json.dumps({kind: value.decode(errors="replace")}) + "\n")
+        await self.flush()
+
+    def on_connection_close(self) -> None:
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
 
 
 def _timeout(value: Any) -> float:

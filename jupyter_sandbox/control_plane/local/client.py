@@ -115,16 +115,18 @@ class LocalControlPlane(ControlPlane):
                         "PYTHONPATH",
                         "VIRTUAL_ENV",
                         "JUPYTER_",
+                        "PROXY_TIMEOUT_SECONDS",
                     )
                 )
             }
-            subprocess.Popen(
+            launcher = subprocess.Popen(
                 [
                     sys.executable,
                     "-m",
                     "jupyter_sandbox.control_plane.local.daemon",
                     "--state-dir",
                     str(self.base),
+                    "--detach",  # the daemon forks away: never our zombie
                     *self.daemon_args,
                 ],
                 stdin=subprocess.DEVNULL,
@@ -135,6 +137,7 @@ class LocalControlPlane(ControlPlane):
                 env=env,
             )
             log_file.close()
+            launcher.wait(30)
 
     async def stop_daemon(self) -> None:
         try:
