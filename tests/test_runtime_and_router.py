@@ -181,7 +181,7 @@ async def test_abandoned_stream_kills_the_command(
 ) -> None:
     marker = runtime["workspace"] / "stream.pid"
     marker.unlink(missing_ok=True)
-    reader, writer = await asyncio.open_connection(*router["url"][7:].split(":"))
+    _reader, writer = await asyncio.open_connection(*router["url"][7:].split(":"))
     body = json.dumps({"command": "echo $$ > stream.pid; exec sleep 60", "shell": True})
     head = "".join(f"{k}: {v}\r\n" for k, v in routed(router).items())
     writer.write(
