@@ -132,6 +132,9 @@ def test_helm_chart_renders_and_passes_dry_run(api_client, tmp_path):
         if os.environ.get("CI"):
             pytest.fail(msg, pytrace=False)
         pytest.skip(msg)
+    env = {**os.environ, "HELM_CACHE_HOME": str(tmp_path), "HELM_CONFIG_HOME": str(tmp_path)}
+    lint = subprocess.run([helm, "lint", str(CHART)], capture_output=True, text=True, env=env)
+    assert lint.returncode == 0, lint.stdout + lint.stderr
     out = subprocess.run(
         [
             helm,
@@ -147,7 +150,7 @@ def test_helm_chart_renders_and_passes_dry_run(api_client, tmp_path):
         check=True,
         capture_output=True,
         text=True,
-        env={**os.environ, "HELM_CACHE_HOME": str(tmp_path), "HELM_CONFIG_HOME": str(tmp_path)},
+        env=env,
     ).stdout
     docs = [d for d in yaml.safe_load_all(out) if d]
     names = {f"{d['kind']}/{d['metadata']['name']}" for d in docs}
