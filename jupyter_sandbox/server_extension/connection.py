@@ -4,24 +4,48 @@ jupyter_server's connection set-up (kernel_info, then the iopub "nudge") swallow
 the iopub messages exchanged on the way, so a status sent by the bridge while it
 resumes would never reach a browser that has just connected. This connection
 resumes first and, once the socket is live, tells the browser the kernel is new.
+
+On a connection that is already live when the sandbox resumes (a cell run in a
+notebook whose sandbox was suspended), the bridge's iopub ``restarting`` status
+is not relayed: JupyterLab takes it for an automatic restart after a crash, says
+the kernel "appears to have died" and cancels the very execution that triggered
+the resume. The user is told in words instead, in the output of that execution.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
+from jupyter_server.services.kernels.connection.base import (
+    deserialize_binary_message,
+    deserialize_msg_from_ws_v1,
+    serialize_msg_to_ws_v1,
+)
 from jupyter_server.services.kernels.connection.channels import ZMQChannelsWebsocketConnection
 
 from ..kernel_provisioner.provisioner import SandboxProvisioner
 
+V1 = "v1.kernel.websocket.jupyter.org"
+RESUMED_NOTICE = (
+    "[sandbox] Resumed after suspension: this is a new kernel process in the same "
+    "workspace; files are kept, variables from before are gone.\n"
+)
+
 
 class SandboxWebsocketConnection(ZMQChannelsWebsocketConnection):  # type: ignore[misc]
     _announce_restart = False
+    _resume_request: dict[str, Any] | None = None
+
+    @property
+    def sandbox_provisioner(self) -> SandboxProvisioner | None:
+        provisioner = getattr(self.kernel_manager, "provisioner", None)
+        return provisioner if isinstance(provisioner, SandboxProvisioner) else None
 
     async def prepare(self) -> None:
-        provisioner = getattr(self.kernel_manager, "provisioner", None)
-        if isinstance(provisioner, SandboxProvisioner):
+        provisioner = self.sandbox_provisioner
+        if provisioner is not None:
             session = provisioner.session
             if session is not None and session.suspended:
                 await provisioner.resume()
@@ -38,3 +62,61 @@ class SandboxWebsocketConnection(ZMQChannelsWebsocketConnection):  # type: ignor
 
             future.add_done_callback(announce)
         return future  # type: ignore[no-any-return]
+
+    # -- a live connection whose sandbox resumes ---------------------------------
+
+    def handle_incoming_message(self, incoming_msg: Any) -> None:
+        provisioner = self.sandbox_provisioner
+        session = provisioner.session if provisioner is not None else None
+        if session is not None and session.suspended and self.channels:
+            channel, header = self._peek_incoming(incoming_msg)
+            if channel in ("shell", "control") and header.get("msg_type") not in (
+                None,
+                "shutdown_request",
+            ):
+                # This request resumes the sandbox (the bridge does it on receipt).
+                self._resume_request = header
+        super().handle_incoming_message(incoming_msg)
+
+    def handle_outgoing_message(self, stream: str, outgoing_msg: list[Any]) -> None:
+        if self._is_relayed_restarting(stream, outgoing_msg):
+            request, self._resume_request = self._resume_request, None
+            if request is not None:
+                self._send_iopub("stream", {"name": "stderr", "text": RESUMED_NOTICE}, request)
+            return
+        super().handle_outgoing_message(stream, outgoing_msg)
+
+    def _peek_incoming(self, incoming_msg: Any) -> tuple[str | None, dict[str, Any]]:
+        try:
+            if self.subprotocol == V1:
+                channel, msg_list = deserialize_msg_from_ws_v1(incoming_msg)
+                return channel, dict(self.session.unpack(msg_list[0]))
+            if isinstance(incoming_msg, bytes):
+                msg = deserialize_binary_message(incoming_msg)
+            else:
+                msg = json.loads(incoming_msg)
+            return msg.get("channel"), dict(msg.get("header") or {})
+        except Exception:
+            return None, {}
+
+    def _is_relayed_restarting(self, stream: Any, outgoing_msg: list[Any]) -> bool:
+        channel = stream if isinstance(stream, str) else getattr(stream, "channel", None)
+        if channel != "iopub":
+            return False
+        try:
+            _, fed = self.session.feed_identities(outgoing_msg)
+            header = self.session.unpack(fed[1])
+            if header.get("msg_type") != "status":
+                return False
+            content = self.session.unpack(fed[4])
+        except Exception:
+            return False
+        return bool(content.get("execution_state") == "restarting")
+
+    def _send_iopub(self, msg_type: str, content: dict[str, Any], parent: dict[str, Any]) -> None:
+        msg = self.session.msg(msg_type, content, parent=parent)
+        if self.subprotocol == V1:
+            self.write_message(serialize_msg_to_ws_v1(msg, "iopub", self.session.pack), binary=True)
+        else:
+            msg["channel"] = "iopub"
+            self.write_message(json.dumps(msg, default=str))

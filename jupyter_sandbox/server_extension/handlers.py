@@ -3,7 +3,8 @@
 Every handler is a jupyter_server APIHandler: authenticated (``@web.authenticated``)
 and authorized (``@authorized``, resource ``kernels``) like the server's own kernel
 API; POSTs need the XSRF token or an ``Authorization`` header like any other.
-Input is validated: a malformed kernel id, action, query argument or body is a 400.
+Input is validated: a malformed kernel id, action, known query argument or body is a
+400. Unknown query arguments are ignored: JupyterLab adds a cache-busting one to GETs.
 The reference is ``docs/rest-api.md``.
 """
 
@@ -75,17 +76,11 @@ class SandboxAPIHandler(APIHandler):  # type: ignore[misc]
     def kernel_model(self, kernel_id: str, provisioner: SandboxProvisioner) -> dict[str, Any]:
         return kernel_entry(kernel_id, self.kernel_manager.get_kernel(kernel_id), provisioner)
 
-    def reject_unknown_arguments(self, *allowed: str) -> None:
-        unknown = sorted(set(self.request.query_arguments) - set(allowed))
-        if unknown:
-            raise web.HTTPError(400, f"unknown query argument(s): {', '.join(unknown)}")
-
 
 class KernelsHandler(SandboxAPIHandler):
     @web.authenticated
     @authorized
     async def get(self) -> None:
-        self.reject_unknown_arguments()
         km = self.kernel_manager
         items = []
         for kernel_id in list(km.list_kernel_ids()):
@@ -100,7 +95,6 @@ class KernelHandler(SandboxAPIHandler):
     @web.authenticated
     @authorized
     async def get(self, kernel_id: str) -> None:
-        self.reject_unknown_arguments("fresh")
         fresh = parse_bool(self.get_query_argument("fresh", "false"), "fresh")
         provisioner = self.provisioner(kernel_id)
         model = self.kernel_model(kernel_id, provisioner)
@@ -128,7 +122,6 @@ class KernelActionHandler(SandboxAPIHandler):
     @web.authenticated
     @authorized
     async def post(self, kernel_id: str, action: str) -> None:
-        self.reject_unknown_arguments()
         if action not in ACTIONS:
             raise web.HTTPError(400, f"unknown action {action!r}; use one of {', '.join(ACTIONS)}")
         if self.request.body.strip():
@@ -157,7 +150,6 @@ class PoolsHandler(SandboxAPIHandler):
     @web.authenticated
     @authorized
     async def get(self) -> None:
-        self.reject_unknown_arguments("backend")
         backend = self.get_query_argument("backend", "local")
         if backend not in BACKENDS:
             raise web.HTTPError(400, "backend must be 'local' or 'kubernetes'")
@@ -181,7 +173,6 @@ class EventsHandler(SandboxAPIHandler):
     @web.authenticated
     @authorized
     async def get(self) -> None:
-        self.reject_unknown_arguments()
         hub = self.hub
         if hub is None:
             raise web.HTTPError(503, "the sandbox event hub is not running")

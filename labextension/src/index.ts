@@ -92,9 +92,11 @@ const plugin: JupyterFrontEndPlugin<void> = {
     const activeKernelId = (): string | null => active()?.id ?? null;
     const updateActive = () => {
       status.setActive(active());
-      commands.notifyCommandChanged(CommandIDs.suspend);
-      commands.notifyCommandChanged(CommandIDs.resume);
-      commands.notifyCommandChanged(CommandIDs.details);
+      for (const id of [CommandIDs.suspend, CommandIDs.resume, CommandIDs.details]) {
+        if (commands.hasCommand(id)) {
+          commands.notifyCommandChanged(id);
+        }
+      }
     };
     let watched: NotebookPanel | null = null;
     const watch = (panel: NotebookPanel | null) => {

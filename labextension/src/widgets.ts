@@ -125,11 +125,12 @@ export class SandboxStatus extends Widget {
       icon,
       el('span', { class: 'jp-SandboxStatus-pool' }, pool)
     ];
+    const sep = () => el('span', { class: 'jp-SandboxStatus-sep' }, '·');
     if (sandbox?.sandbox) {
-      parts.push(' · ', el('span', { class: 'jp-SandboxStatus-name' }, sandbox.sandbox));
+      parts.push(sep(), el('span', { class: 'jp-SandboxStatus-name' }, sandbox.sandbox));
     }
     parts.push(
-      ' · ',
+      sep(),
       el(
         'span',
         { class: `jp-SandboxStatus-state jp-SandboxState-${state}` },
@@ -138,7 +139,7 @@ export class SandboxStatus extends Widget {
     );
     if (sandbox?.isolation) {
       parts.push(
-        ' · ',
+        sep(),
         el(
           'span',
           {

@@ -198,10 +198,8 @@ async def test_bad_input_is_400_and_unknown_is_404(tmp_path: Path) -> None:
             ("POST", f"/api/sandbox/kernels/{unknown}/suspend", None, 404),
             ("POST", f"/api/sandbox/kernels/{unknown}/explode", None, 400),
             ("POST", "/api/sandbox/kernels/x/suspend", None, 400),
-            ("GET", "/api/sandbox/kernels?x=1", None, 400),
             ("GET", f"/api/sandbox/kernels/{unknown}?fresh=maybe", None, 400),
             ("GET", "/api/sandbox/pools?backend=mars", None, 400),
-            ("GET", "/api/sandbox/events?since=0", None, 400),
         ]
         for method, path, body, code in cases:
             got = await _status(server, method, path, body)

@@ -1,0 +1,264 @@
+"""JupyterLab with the sandbox extension, driven in Debian's chromium through playwright.
+
+Needs: the built extension (``jupyter_sandbox/labextension``, made by the wheel
+build or ``npm run build:prod`` in ``labextension/``), ``pip install playwright``
+and ``apt-get install chromium``. No browser is downloaded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ..helpers import MANAGER, free_port
+
+pytestmark = [pytest.mark.browser, pytest.mark.usefixtures("warm_daemon")]
+
+CHROMIUM = os.environ.get("JUPYTER_SANDBOX_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+REPO = Path(__file__).resolve().parents[2]
+BUILT = REPO / "jupyter_sandbox" / "labextension"
+EXT_NAME = "jupyter-sandbox"
+KERNEL_DISPLAY = "Python 3 (sandbox: default)"
+TIMEOUT_MS = 90_000
+
+
+def _installed_extension() -> Path | None:
+    for base in [Path(sys.prefix), Path(sys.prefix) / "local"]:
+        candidate = base / "share" / "jupyter" / "labextensions" / EXT_NAME
+        if (candidate / "package.json").exists():
+            return candidate
+    return None
+
+
+@dataclass
+class Lab:
+    url: str
+    token: str
+    root: Path
+    log: Path
+    proc: subprocess.Popen[bytes]
+
+
+@contextmanager
+def jupyterlab(tmp_path: Path) -> Iterator[Lab]:
+    port = free_port()
+    token = uuid.uuid4().hex
+    root = tmp_path / "notebooks"
+    root.mkdir(exist_ok=True)
+    env = dict(os.environ)
+    # Fresh settings and workspaces: nothing from a user's own JupyterLab.
+    env["JUPYTERLAB_SETTINGS_DIR"] = str(tmp_path / "lab-settings")
+    env["JUPYTERLAB_WORKSPACES_DIR"] = str(tmp_path / "lab-workspaces")
+    if _installed_extension() is None:
+        # A development checkout: offer the freshly built extension to JupyterLab.
+        data = tmp_path / "data"
+        (data / "labextensions").mkdir(parents=True)
+        (data / "labextensions" / EXT_NAME).symlink_to(BUILT)
+        env["JUPYTER_PATH"] = os.pathsep.join(filter(None, [str(data), env.get("JUPYTER_PATH")]))
+    config = tmp_path / "config"
+    (config / "labconfig").mkdir(parents=True)
+    # No "would you like news?" toast over the status bar.
+    (config / "labconfig" / "page_config.json").write_text(
+        json.dumps({"disabledExtensions": {"@jupyterlab/apputils-extension:announcements": True}})
+    )
+    env["JUPYTER_CONFIG_PATH"] = os.pathsep.join(
+        filter(None, [str(config), env.get("JUPYTER_CONFIG_PATH")])
+    )
+    log = tmp_path / "jupyterlab.log"
+    with open(log, "wb") as handle:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "jupyterlab",
+                "--no-browser",
+                f"--port={port}",
+                "--ServerApp.ip=127.0.0.1",
+                f"--IdentityProvider.token={token}",
+                f"--ServerApp.root_dir={root}",
+                f"--ServerApp.kernel_manager_class={MANAGER}",
+                "--LabApp.news_url=",
+                "--allow-root",
+            ],
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+    lab = Lab(f"http://127.0.0.1:{port}", token, root, log, proc)
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1):
+                    break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("JupyterLab did not start:\n" + log.read_text()) from None
+                time.sleep(0.2)
+        yield lab
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _requirements() -> str | None:
+    try:
+        import playwright  # noqa: F401
+    except ImportError:
+        return "playwright is not installed (pip install playwright)"
+    if not Path(CHROMIUM).exists():
+        return f"no chromium at {CHROMIUM} (apt-get install chromium)"
+    if _installed_extension() is None and not (BUILT / "package.json").exists():
+        return "the JupyterLab extension is not built (npm run build:prod in labextension/)"
+    return None
+
+
+def run_command(page: Any, label: str) -> None:
+    """Run a command through the command palette, as a user would."""
+    page.keyboard.press("Control+Shift+C")
+    search = page.locator(".lm-CommandPalette-input")
+    search.wait_for(state="visible")
+    search.fill(label)
+    item = page.locator(".lm-CommandPalette-item:not(.lm-mod-disabled)", has_text=label).first
+    item.wait_for(state="visible")
+    item.click()
+
+
+def run_cell(page: Any, code: str, expect: str) -> None:
+    editor = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Cell .cm-content").last
+    editor.click()
+    page.keyboard.press("Control+a")
+    page.keyboard.type(code)
+    page.keyboard.press("Shift+Enter")
+    page.locator(".jp-OutputArea-output", has_text=expect).first.wait_for(timeout=TIMEOUT_MS)
+
+
+def test_notebook_in_a_sandbox_suspend_and_resume(tmp_path: Path) -> None:
+    missing = _requirements()
+    if missing:
+        pytest.skip(missing)
+    from playwright.sync_api import expect, sync_playwright
+
+    shots = tmp_path / "screenshots"
+    shots.mkdir()
+    with jupyterlab(tmp_path) as lab, sync_playwright() as pw:
+        context = pw.chromium.launch_persistent_context(
+            str(tmp_path / "chromium-profile"),
+            executable_path=CHROMIUM,
+            headless=True,
+            args=CHROMIUM_ARGS,
+            viewport={"width": 1400, "height": 900},
+        )
+        page = context.pages[0] if context.pages else context.new_page()
+        page.set_default_timeout(TIMEOUT_MS)
+        console: list[str] = []
+        page.on("console", lambda msg: console.append(f"{msg.type}: {msg.text}"))
+        try:
+            page.goto(f"{lab.url}/lab?token={lab.token}")
+
+            # The launcher: sandboxed kernels in their own section, with the sandbox icon.
+            section = page.locator(".jp-Launcher-section", has_text="Sandboxed notebooks")
+            card = section.locator(".jp-LauncherCard", has_text=KERNEL_DISPLAY)
+            card.wait_for()
+            assert card.locator("svg").count() >= 1, "the card has no icon"
+            notebook_section = page.locator(
+                ".jp-Launcher-section", has=page.locator("h2", has_text="Notebook")
+            ).first
+            assert notebook_section.locator(".jp-LauncherCard", has_text="(sandbox:").count() == 0
+            logo = page.request.get(f"{lab.url}/kernelspecs/sandbox-default/logo-64x64.png")
+            assert logo.ok and logo.headers["content-type"].startswith("image/png")
+            page.screenshot(path=str(shots / "01-launcher.png"))
+
+            # A notebook on the sandbox kernel: run a cell, see output and state.
+            card.click()
+            status = page.locator(".jp-SandboxStatus")
+            expect(status).to_have_attribute("data-sandbox-state", "idle", timeout=TIMEOUT_MS)
+            run_cell(page, "print(6 * 7)", "42")
+            expect(status).to_have_attribute("data-sandbox-state", "idle")
+            text = status.inner_text()
+            assert "default" in text and "default-" in text, text
+            assert any(w in text for w in ("bubblewrap", "not isolated")), text
+            page.screenshot(path=str(shots / "02-ran-a-cell.png"))
+
+            # Suspend through the command palette: the status bar says so.
+            run_command(page, "Suspend Sandbox")
+            expect(status).to_have_attribute("data-sandbox-state", "suspended")
+            assert "suspended" in status.inner_text()
+
+            # The side panel lists pools and this kernel as suspended, live.
+            page.locator(".lm-TabBar-tab[title='Sandboxes']").first.click()
+            sandbox_panel = page.locator("#jupyter-sandbox-panel")
+            sandbox_panel.locator("tr[data-pool='default']").wait_for()
+            sandbox_panel.locator(
+                ".jp-SandboxPanel-kernel[data-sandbox-state='suspended']"
+            ).wait_for()
+            expect(sandbox_panel.locator(".jp-SandboxPanel-live")).to_have_text("● live")
+            page.screenshot(path=str(shots / "03-suspended.png"))
+
+            # The next execution resumes the sandbox (a new kernel, same workspace).
+            run_cell(page, "import os; print('back in', os.getcwd())", "back in")
+            # Said in words in the cell, not as a "kernel died" dialog.
+            page.locator(".jp-OutputArea-output", has_text="Resumed after suspension").wait_for()
+            assert page.locator(".jp-Dialog", has_text="appears to have died").count() == 0
+            expect(status).to_have_attribute("data-sandbox-state", "idle")
+            sandbox_panel.locator(".jp-SandboxPanel-kernel[data-sandbox-state='idle']").wait_for()
+            page.screenshot(path=str(shots / "04-resumed.png"))
+
+            # Details: workspace, age, resources.
+            run_command(page, "Show Sandbox Details")
+            dialog = page.locator(".jp-Dialog")
+            dialog.locator(".jp-SandboxDetails").wait_for()
+            details = dialog.inner_text()
+            for word in ("Workspace", "Age", "Resources: pid", "Isolation", "Claimed"):
+                assert word in details, details
+            page.screenshot(path=str(shots / "05-details.png"))
+            dialog.locator("button", has_text="Close").click()
+        except Exception:
+            page.screenshot(path=str(shots / "failure.png"))
+            print("browser console:\n" + "\n".join(console[-50:]))
+            print("jupyterlab log:\n" + lab.log.read_text(errors="replace")[-5000:])
+            raise
+        finally:
+            context.close()
+            _shutdown_kernels(lab)
+    print(f"screenshots in {shots}")
+
+
+def _shutdown_kernels(lab: Lab) -> None:
+    import urllib.request
+
+    headers = {"Authorization": f"token {lab.token}"}
+    request = urllib.request.Request(f"{lab.url}/api/kernels", headers=headers)
+    with urllib.request.urlopen(request, timeout=30) as response:
+        kernels = json.loads(response.read())
+    for kernel in kernels:
+        delete = urllib.request.Request(
+            f"{lab.url}/api/kernels/{kernel['id']}", headers=headers, method="DELETE"
+        )
+        urllib.request.urlopen(delete, timeout=60).close()
