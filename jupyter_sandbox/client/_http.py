@@ -49,7 +49,8 @@ class RuntimeHTTP:
     def _headers(self, timeout: float | None) -> dict[str, str]:
         headers = self.endpoint.headers()
         if timeout is not None:
-            headers["X-Sandbox-Timeout"] = f"{timeout:g}"
+            # The router must wait for the runtime's own timeout answer (exit code 124).
+            headers["X-Sandbox-Timeout"] = f"{timeout + TIMEOUT_MARGIN / 2:g}"
         return headers
 
     @staticmethod

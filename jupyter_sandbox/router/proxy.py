@@ -93,7 +93,8 @@ class HTTPProxyHandler(web.RequestHandler):
                 auto_decompress=False,
                 skip_auto_headers=("User-Agent", "Accept-Encoding", "Accept", "Content-Type"),
                 timeout=aiohttp.ClientTimeout(
-                    total=route.timeout or self.ctx.proxy_timeout,
+                    # X-Sandbox-Timeout may shorten the proxy timeout, never extend it.
+                    total=min(route.timeout or self.ctx.proxy_timeout, self.ctx.proxy_timeout),
                     sock_connect=self.ctx.connect_timeout,
                 ),
             )

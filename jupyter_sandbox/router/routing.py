@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import ipaddress
+import logging
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+log = logging.getLogger(__name__)
+
 DEFAULT_NAMESPACE = "default"
 DEFAULT_PORT = 8888
-MAX_TIMEOUT = 24 * 3600.0
 DNS_LABEL = re.compile(r"^[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?$")
 
 ROUTING_HEADERS = frozenset(
@@ -79,16 +82,28 @@ def parse_route(headers: Mapping[str, str], default_namespace: str = DEFAULT_NAM
         if ip.is_loopback or ip.is_link_local or ip.is_multicast or ip.is_unspecified:
             raise RoutingError("Invalid target IP address.")
         pod_ip = str(ip)
-    timeout = None
-    raw_timeout = headers.get("X-Sandbox-Timeout")
-    if raw_timeout:
-        try:
-            timeout = float(raw_timeout)
-        except ValueError:
-            raise RoutingError("Invalid timeout format.") from None
-        if not 0 < timeout <= MAX_TIMEOUT:
-            raise RoutingError(f"X-Sandbox-Timeout must be in (0, {MAX_TIMEOUT:g}] seconds.")
-    return Route(name=name, namespace=namespace, port=int(raw_port), pod_ip=pod_ip, timeout=timeout)
+    return Route(
+        name=name,
+        namespace=namespace,
+        port=int(raw_port),
+        pod_ip=pod_ip,
+        timeout=_timeout(headers.get("X-Sandbox-Timeout")),
+    )
+
+
+def _timeout(raw: str | None) -> float | None:
+    """X-Sandbox-Timeout as upstream reads it: a positive number, else ignored."""
+    if not raw:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        log.warning("ignoring X-Sandbox-Timeout=%r: not a number", raw[:40])
+        return None
+    if not math.isfinite(value) or value <= 0:
+        log.warning("ignoring X-Sandbox-Timeout=%r: not a positive number", raw[:40])
+        return None
+    return value
 
 
 def hop_by_hop(headers: Mapping[str, str]) -> set[str]:
