@@ -142,12 +142,11 @@ async def test_restarted_server_finds_its_claims(kube, warm_pool, kube_cluster):
         owned = await second.list_claims({"jupyter-sandbox/owner": "server-a"})
         assert {c.name for c in owned} == {a.name, b.name}
         # reap the orphan, keep the one re-attached
-        await second.release(b.name)
-        assert [
-            c.name
-            for c in await second.list_claims({"jupyter-sandbox/owner": "server-a"})
-            if c.phase != Phase.TERMINATING
-        ] == [a.name]
+        reaped = await second.reap_orphans({"jupyter-sandbox/owner": "server-a"}, {"k-a"})
+        assert reaped == [b.name]
+        left = await second.list_claims({"jupyter-sandbox/owner": "server-a"})
+        assert [c.name for c in left if c.phase != Phase.TERMINATING] == [a.name]
+        assert await second.reap_orphans({"jupyter-sandbox/owner": "server-a"}, {"k-a"}) == []
     finally:
         await second.close()
 

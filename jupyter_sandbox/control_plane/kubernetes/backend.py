@@ -38,7 +38,7 @@ plus ``app.kubernetes.io/managed-by=jupyter-sandbox`` and, with the ``owner``
 option, ``jupyter-sandbox/owner``.  A restarted server calls
 ``list_claims({"jupyter-sandbox/user": user})`` (or the owner label), re-attaches
 the kernel ids it still knows (``SandboxSession(claim_name=...)``) and
-``release``s the rest, which are orphans.
+``release``s the rest, which are orphans (``reap_orphans`` does that).
 """
 
 from __future__ import annotations
@@ -80,6 +80,7 @@ MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGED_BY = "jupyter-sandbox"
 OWNER_LABEL = "jupyter-sandbox/owner"
 USER_LABEL = "jupyter-sandbox/user"
+KERNEL_ID_LABEL = "jupyter-sandbox/kernel-id"
 OWNER_HOST_ANNOTATION = "jupyter-sandbox/owner-host"
 RESUMED_AT_ANNOTATION = "jupyter-sandbox/resumed-at"
 DISPLAY_NAME_ANNOTATION = "jupyter-sandbox/display-name"
@@ -579,6 +580,27 @@ class KubernetesControlPlane(ControlPlane):
                 sbs = await self._api("list_namespaced_custom_object", g, v, self.namespace, p)
                 by_name = {s["metadata"]["name"]: s for s in sbs.get("items") or []}
         return [self._status(c, by_name.get(sandbox_name_of(c) or "")) for c in items]
+
+    async def reap_orphans(
+        self, labels: dict[str, str], keep_kernel_ids: set[str] | frozenset[str]
+    ) -> list[str]:
+        """Release the claims matching ``labels`` whose kernel id is not in ``keep_kernel_ids``.
+
+        For a restarted Jupyter server: ``labels`` selects its claims (user or
+        owner label), ``keep_kernel_ids`` are the kernels it re-attached.
+        Returns the names of the released claims.
+        """
+        released = []
+        for status in await self.list_claims(labels):
+            if status.phase == Phase.TERMINATING:
+                continue
+            if status.labels.get(KERNEL_ID_LABEL, "") in keep_kernel_ids:
+                continue
+            await self.release(status.name)
+            released.append(status.name)
+        if released:
+            log.info("released %d orphaned claim(s): %s", len(released), ", ".join(released))
+        return released
 
     async def list_pools(self) -> list[PoolStatus]:
         g, v, p = kc.WARMPOOL
