@@ -131,9 +131,13 @@ const plugin: JupyterFrontEndPlugin<void> = {
     const targetKernel = (args: ReadonlyPartialJSONObject): string | null =>
       typeof args.kernelId === 'string' ? args.kernelId : activeKernelId();
     const activeEntry = (args: ReadonlyPartialJSONObject) => events.kernel(targetKernel(args));
+    // Toolbar buttons show only on notebooks whose kernel is sandboxed.
+    const visible = (args: ReadonlyPartialJSONObject) =>
+      !args.toolbar || typeof args.kernelId === 'string' || status.state !== 'none';
 
     commands.addCommand(CommandIDs.suspend, {
       label: 'Suspend Sandbox',
+      isVisible: visible,
       caption: 'Release the sandbox compute now; the workspace is kept and the next run resumes it',
       icon: args => (args.toolbar ? pauseIcon : undefined),
       isEnabled: args => {
@@ -159,6 +163,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
     });
     commands.addCommand(CommandIDs.resume, {
       label: 'Resume Sandbox',
+      isVisible: visible,
       caption: 'Start the suspended sandbox again (a new kernel process, same workspace)',
       icon: args => (args.toolbar ? runIcon : undefined),
       isEnabled: args => !!activeEntry(args)?.sandbox.suspended,
@@ -190,6 +195,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
     });
     commands.addCommand(CommandIDs.details, {
       label: 'Show Sandbox Details',
+      isVisible: visible,
       caption: 'Pool, sandbox, workspace path, age, resources and isolation',
       icon: args => (args.toolbar ? infoIcon : undefined),
       isEnabled: args => !!activeEntry(args),
@@ -299,14 +305,35 @@ function watchStarts(events: SandboxEvents, specs: () => KernelSpec.ISpecModels 
       } else if (entry.error && !reported.has(key) && (entry.at ?? 0) >= since - 5) {
         reported.add(key);
         const id = shown.get(key);
-        const message =
-          `Could not start ${display(entry.name)}: ${errorText(entry.error)}. ` +
-          errorAdvice(entry.error);
+        const error = entry.error;
+        // Toasts cut long text: the server's message (which says what to do) comes
+        // first; the advice is one click away.
+        const message = `Sandbox kernel failed: ${errorText(error)}`;
+        const actions = [
+          {
+            label: 'What to do',
+            caption: 'Why the sandbox could not be claimed, and what to do',
+            callback: () => {
+              const body = document.createElement('div');
+              body.className = 'jp-SandboxAdvice';
+              const what = document.createElement('p');
+              what.textContent = `${display(entry.name)}: ${errorText(error)}`;
+              const advice = document.createElement('p');
+              advice.textContent = errorAdvice(error);
+              body.append(what, advice);
+              void showDialog({
+                title: 'The sandbox could not be claimed',
+                body: new Widget({ node: body }),
+                buttons: [Dialog.okButton({ label: 'Close' })]
+              });
+            }
+          }
+        ];
         if (id) {
-          Notification.update({ id, message, type: 'error', autoClose: false });
           shown.delete(key);
+          Notification.update({ id, message, type: 'error', autoClose: false, actions });
         } else {
-          Notification.error(message, { autoClose: false });
+          Notification.error(message, { autoClose: false, actions });
         }
       }
     }

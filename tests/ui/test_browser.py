@@ -195,6 +195,9 @@ def test_notebook_in_a_sandbox_suspend_and_resume(tmp_path: Path) -> None:
             assert logo.ok and logo.headers["content-type"].startswith("image/png")
             page.screenshot(path=str(shots / "01-launcher.png"))
 
+            # Record every state the status bar shows from now on.
+            page.evaluate(RECORD_STATES)
+
             # A notebook on the sandbox kernel: run a cell, see output and state.
             card.click()
             status = page.locator(".jp-SandboxStatus")
@@ -239,6 +242,10 @@ def test_notebook_in_a_sandbox_suspend_and_resume(tmp_path: Path) -> None:
                 assert word in details, details
             page.screenshot(path=str(shots / "05-details.png"))
             dialog.locator("button", has_text="Close").click()
+
+            states = _dedupe(page.evaluate("window.__sandboxStates"))
+            print("status bar states:", " -> ".join(states))
+            assert _in_order(states, ["claiming", "idle", "suspended", "idle"]), states
         except Exception:
             page.screenshot(path=str(shots / "failure.png"))
             print("browser console:\n" + "\n".join(console[-50:]))
@@ -248,6 +255,81 @@ def test_notebook_in_a_sandbox_suspend_and_resume(tmp_path: Path) -> None:
             context.close()
             _shutdown_kernels(lab)
     print(f"screenshots in {shots}")
+
+
+RECORD_STATES = """() => {
+  window.__sandboxStates = [];
+  const seen = () => {
+    const item = document.querySelector('.jp-SandboxStatus');
+    if (item) window.__sandboxStates.push(item.getAttribute('data-sandbox-state'));
+  };
+  new MutationObserver(seen).observe(document.body, {
+    subtree: true, attributes: true, attributeFilter: ['data-sandbox-state']
+  });
+}"""
+
+
+def _dedupe(states: list[str]) -> list[str]:
+    out: list[str] = []
+    for state in states:
+        if not out or out[-1] != state:
+            out.append(state)
+    return out
+
+
+def _in_order(states: list[str], wanted: list[str]) -> bool:
+    position = 0
+    for state in states:
+        if position < len(wanted) and state == wanted[position]:
+            position += 1
+    return position == len(wanted)
+
+
+def test_a_failed_claim_is_explained(tmp_path: Path) -> None:
+    """Pool not found: the status bar and a notification say so, and what to do."""
+    missing = _requirements()
+    if missing:
+        pytest.skip(missing)
+    from playwright.sync_api import expect, sync_playwright
+
+    shots = tmp_path / "screenshots"
+    shots.mkdir()
+    with jupyterlab(tmp_path) as lab, sync_playwright() as pw:
+        context = pw.chromium.launch_persistent_context(
+            str(tmp_path / "chromium-profile"),
+            executable_path=CHROMIUM,
+            headless=True,
+            args=CHROMIUM_ARGS,
+            viewport={"width": 1400, "height": 900},
+        )
+        page = context.pages[0] if context.pages else context.new_page()
+        page.set_default_timeout(TIMEOUT_MS)
+        try:
+            page.goto(f"{lab.url}/lab?token={lab.token}")
+            section = page.locator(".jp-Launcher-section", has_text="Sandboxed notebooks")
+            section.locator(".jp-LauncherCard", has_text="(sandbox: missing)").click()
+            status = page.locator(".jp-SandboxStatus")
+            expect(status).to_have_attribute("data-sandbox-state", "failed")
+            assert "does not exist" in (status.get_attribute("title") or "")
+            toast = page.locator(".Toastify__toast", has_text="Sandbox kernel failed")
+            toast.wait_for()
+            text = toast.inner_text()
+            assert "jupyter-sandbox pool create missing" in text, text
+            page.screenshot(path=str(shots / "01-pool-not-found.png"))
+            # JupyterLab's own "Error Starting Kernel" dialog comes first; then ours.
+            page.locator(".jp-Dialog button", has_text="Ok").first.click()
+            toast.locator("button", has_text="What to do").click()
+            advice = page.locator(".jp-Dialog", has_text="could not be claimed")
+            advice.wait_for()
+            assert "Create the pool" in advice.inner_text()
+            page.screenshot(path=str(shots / "02-what-to-do.png"))
+        except Exception:
+            page.screenshot(path=str(shots / "failure.png"))
+            print("jupyterlab log:\n" + lab.log.read_text(errors="replace")[-5000:])
+            raise
+        finally:
+            context.close()
+            _shutdown_kernels(lab)
 
 
 def _shutdown_kernels(lab: Lab) -> None:
