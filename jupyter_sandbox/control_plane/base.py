@@ -123,6 +123,8 @@ class ClaimRequest:
     env: dict[str, str] = field(default_factory=dict)
     owner_pid: int | None = None
     name: str | None = None
+    # Seconds the claim outlives a dead owner before it is released (None: the backend's).
+    orphan_grace: float | None = None
 
 
 @dataclass
@@ -200,6 +202,13 @@ class ControlPlane(abc.ABC):
     @abc.abstractmethod
     async def list_claims(self, labels: dict[str, str] | None = None) -> list[ClaimStatus]:
         """Claims whose labels include all of ``labels``."""
+
+    async def adopt(self, name: str, owner_pid: int) -> ClaimStatus | None:
+        """Hand a claim to another process of ours (a restarted server re-attaching).
+
+        Backends that do not tie claims to processes have nothing to do.
+        """
+        return await self.status(name)
 
     @abc.abstractmethod
     async def list_pools(self) -> list[PoolStatus]:

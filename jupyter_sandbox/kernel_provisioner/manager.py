@@ -8,14 +8,27 @@ stays listed, its session survives, and the next message to it resumes the sandb
 
 from __future__ import annotations
 
+import getpass
+import hashlib
+import json
+import os
 from typing import Any
 
 from jupyter_server.services.kernels.kernelmanager import AsyncMappingKernelManager
 from tornado import web
-from traitlets import Bool
+from tornado.ioloop import IOLoop
+from traitlets import Bool, Unicode, default
 
-from ..control_plane.base import ClaimError
-from .provisioner import SandboxProvisioner
+from ..control_plane.base import ClaimError, ClaimStatus
+from ..control_plane.factory import get_control_plane
+from ..kernelspec import PROVISIONER_NAME
+from ..utils.background import background
+from .provisioner import (
+    LABEL_KERNEL_ID,
+    LABEL_KERNEL_NAME,
+    LABEL_SERVER,
+    SandboxProvisioner,
+)
 
 
 class SandboxKernelManager(AsyncMappingKernelManager):  # type: ignore[misc]
@@ -26,9 +39,89 @@ class SandboxKernelManager(AsyncMappingKernelManager):  # type: ignore[misc]
         "shutting them down when the culler finds them idle.",
     )
 
+    reattach = Bool(
+        True,
+        config=True,
+        help="On start, re-attach to the sandboxed kernels an earlier run of this server "
+        "(same server_id) left running; if False, release them.",
+    )
+    server_id = Unicode(
+        config=True,
+        help="Names this server's claims so a restart can find them. Default: derived from "
+        "the user and the server's root directory.",
+    )
+
+    @default("server_id")
+    def _default_server_id(self) -> str:
+        root = os.path.realpath(getattr(self, "root_dir", "") or os.getcwd())
+        digest = hashlib.sha256(f"{getpass.getuser()}:{root}".encode()).hexdigest()
+        return digest[:16]
+
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._culling: set[str] = set()
+        # Runs once the server's loop starts (the manager is built before it runs).
+        IOLoop.current().add_callback(self._reattach_on_start)
+
+    async def _reattach_on_start(self) -> None:
+        try:
+            found = await self.reattach_kernels()
+        except Exception:
+            self.log.exception("re-attaching earlier sandboxed kernels failed")
+            return
+        if found:
+            self.log.info("re-attached %d sandboxed kernel(s) from an earlier run", len(found))
+
+    async def reattach_kernels(self) -> list[str]:
+        """Take back (or release) the kernels a killed run of this server left in sandboxes."""
+        found: list[str] = []
+        for backend, options in self._sandbox_backends():
+            try:
+                claims = await background().run(_list_claims(backend, options, self.server_id))
+            except ClaimError as exc:
+                self.log.warning("cannot look for earlier kernels on %s: %s", backend, exc)
+                continue
+            for claim in claims:
+                kernel_id = claim.labels.get(LABEL_KERNEL_ID, "")
+                owner = claim.resources.get("owner_pid")
+                if (
+                    not kernel_id
+                    or kernel_id in self
+                    or (isinstance(owner, int) and owner != os.getpid() and _alive(owner))
+                ):
+                    continue  # a live server still holds it
+                kernel_name = claim.labels.get(LABEL_KERNEL_NAME) or ""
+                if not self.reattach or kernel_name not in self._specs().find_kernel_specs():
+                    self.log.info(
+                        "releasing claim %s of an earlier kernel %s", claim.name, kernel_id
+                    )
+                    await background().run(_release(backend, options, claim.name))
+                    continue
+                try:
+                    await self.start_kernel(
+                        kernel_id=kernel_id, kernel_name=kernel_name, sandbox_claim=claim.name
+                    )
+                except Exception as exc:
+                    self.log.warning("could not re-attach kernel %s: %s", kernel_id, exc)
+                    continue
+                self.log.info("re-attached kernel %s in sandbox %s", kernel_id, claim.sandbox)
+                found.append(kernel_id)
+        return found
+
+    def _specs(self) -> Any:
+        return self.kernel_spec_manager
+
+    def _sandbox_backends(self) -> list[tuple[str, dict[str, Any]]]:
+        seen: dict[str, tuple[str, dict[str, Any]]] = {}
+        for spec in self._specs().get_all_specs().values():
+            provisioner = spec.get("spec", {}).get("metadata", {}).get("kernel_provisioner", {})
+            if provisioner.get("provisioner_name") != PROVISIONER_NAME:
+                continue
+            config = provisioner.get("config", {})
+            backend = config.get("backend", "local")
+            options = config.get("backend_options", {}) or {}
+            seen[json.dumps([backend, options], sort_keys=True)] = (backend, options)
+        return list(seen.values())
 
     async def start_kernel(self, *args: Any, **kwargs: Any) -> str:  # type: ignore[override]
         try:
@@ -82,3 +175,20 @@ class SandboxKernelManager(AsyncMappingKernelManager):  # type: ignore[misc]
         if provisioner is None:
             raise ValueError(f"kernel {kernel_id} does not run in a sandbox")
         return provisioner
+
+
+async def _list_claims(backend: str, options: dict[str, Any], server_id: str) -> list[ClaimStatus]:
+    return await get_control_plane(backend, **options).list_claims({LABEL_SERVER: server_id})
+
+
+async def _release(backend: str, options: dict[str, Any], name: str) -> None:
+    await get_control_plane(backend, **options).release(name)
+
+
+def _alive(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False

@@ -31,7 +31,8 @@ log = logging.getLogger(__name__)
 
 LABEL_KERNEL_ID = "jupyter-sandbox/kernel-id"
 LABEL_USER = "jupyter-sandbox/user"
-LABEL_SESSION = "jupyter-sandbox/session"
+LABEL_SERVER = "jupyter-sandbox/server-id"
+LABEL_KERNEL_NAME = "jupyter-sandbox/kernel-name"
 
 
 def current_user() -> str:
@@ -52,6 +53,13 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
         "Any makes the claim cold-start.",
     )
     release_on_shutdown = Bool(True, config=True)
+    orphan_grace = Float(
+        None,
+        allow_none=True,
+        config=True,
+        help="Seconds a claim outlives this server if it dies, so a restart can re-attach "
+        "(local backend; default: the daemon's).",
+    )
 
     _session: SandboxSession | None = None
 
@@ -72,10 +80,18 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
         )
         # The notebook's local directory means nothing inside the sandbox.
         kwargs.pop("cwd", None)
+        # A restarted server re-attaching passes the claim its kernel already has.
+        existing_claim = kwargs.pop("sandbox_claim", None)
         if self._session is None:
             plane = await background().run(_plane(self.backend, self.backend_options))
-            user = current_user()
-            labels = {LABEL_KERNEL_ID: self.kernel_id or "", LABEL_USER: _label_value(user)}
+            labels = {
+                LABEL_KERNEL_ID: self.kernel_id or "",
+                LABEL_USER: _label_value(current_user()),
+                LABEL_KERNEL_NAME: _label_value(getattr(km, "kernel_name", "") or ""),
+            }
+            server_id = getattr(getattr(km, "parent", None), "server_id", "")
+            if server_id:
+                labels[LABEL_SERVER] = server_id
             self._session = SandboxSession(
                 plane,
                 pool=self.pool,
@@ -84,6 +100,8 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
                 env=env,
                 owner_pid=os.getpid(),
                 claim_timeout=self.claim_timeout,
+                claim_name=existing_claim,
+                orphan_grace=self.orphan_grace,
             )
             try:
                 ports = await background().run(self._session.start())

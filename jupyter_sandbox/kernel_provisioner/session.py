@@ -14,7 +14,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..control_plane.base import ClaimRequest, ClaimStatus, ControlPlane, Endpoint, Phase
+from ..control_plane.base import (
+    ClaimNotFound,
+    ClaimRequest,
+    ClaimStatus,
+    ControlPlane,
+    Endpoint,
+    Phase,
+)
 from .bridge import Bridge, KernelIdentity
 from .runtime_client import RuntimeError_, call
 
@@ -48,6 +55,7 @@ class SandboxSession:
         owner_pid: int,
         claim_timeout: float,
         claim_name: str | None = None,
+        orphan_grace: float | None = None,
     ) -> None:
         self.plane = plane
         self.pool = pool
@@ -56,6 +64,7 @@ class SandboxSession:
         self.owner_pid = owner_pid
         self.claim_timeout = claim_timeout
         self.claim_name = claim_name
+        self.orphan_grace = orphan_grace
         self.status: ClaimStatus | None = None
         self.endpoint: Endpoint | None = None
         self.progress = Progress()
@@ -86,12 +95,20 @@ class SandboxSession:
                     labels=self.labels,
                     env=self.env,
                     owner_pid=self.owner_pid,
+                    orphan_grace=self.orphan_grace,
                 )
             )
             self.claim_name = status.name
             self.progress.warm = status.warm
             if status.phase != Phase.READY:
                 self.progress.set("waiting", status.message or "waiting for the sandbox")
+        else:
+            # Re-attaching: take the claim over before the daemon reaps it as orphaned.
+            adopted = await self.plane.adopt(self.claim_name, self.owner_pid)
+            if adopted is None:
+                raise ClaimNotFound(f"claim {self.claim_name} no longer exists")
+            if adopted.phase in (Phase.SUSPENDED, Phase.SUSPENDING):
+                await self.plane.resume(self.claim_name)
         try:
             status = await self.plane.wait_ready(self.claim_name, self.claim_timeout)
         except BaseException:

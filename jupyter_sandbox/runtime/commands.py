@@ -6,7 +6,7 @@ import asyncio
 import os
 import shlex
 import signal
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from dataclasses import dataclass
 
@@ -71,7 +71,7 @@ async def run(argv: list[str], *, cwd: str, env: dict[str, str], timeout: float)
 
 async def stream(
     argv: list[str], *, cwd: str, env: dict[str, str], timeout: float
-) -> AsyncIterator[tuple[str, bytes | int]]:
+) -> AsyncGenerator[tuple[str, bytes | int], None]:
     """Yield ("stdout"|"stderr", chunk) as output arrives, then ("exit", code)."""
     try:
         proc = await _spawn(argv, cwd, env)

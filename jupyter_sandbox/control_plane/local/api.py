@@ -135,7 +135,7 @@ class ClaimsHandler(Handler):
 
     def post(self) -> None:
         body = self.body()
-        unknown = set(body) - {"pool", "labels", "env", "owner_pid", "name"}
+        unknown = set(body) - {"pool", "labels", "env", "owner_pid", "name", "orphan_grace"}
         if unknown:
             raise InvalidRequest(f"unknown claim fields: {', '.join(sorted(unknown))}")
         if not isinstance(body.get("pool"), str):
@@ -146,6 +146,7 @@ class ClaimsHandler(Handler):
             env=body.get("env") or {},
             owner_pid=body.get("owner_pid"),
             name=body.get("name"),
+            orphan_grace=body.get("orphan_grace"),
         )
         claim = self.controller.create_claim(request)
         self.set_status(201)

@@ -191,12 +191,14 @@ class LocalControlPlane(ControlPlane):
     # -- ControlPlane --------------------------------------------------------
 
     async def claim(self, request: ClaimRequest) -> ClaimStatus:
-        body = {
+        body: dict[str, Any] = {
             "pool": request.pool,
             "labels": request.labels,
             "env": request.env,
             "owner_pid": request.owner_pid,
         }
+        if request.orphan_grace is not None:
+            body["orphan_grace"] = request.orphan_grace
         if request.name:
             body["name"] = request.name
         return ClaimStatus.from_json(await self._call("POST", "/api/claims", body))

@@ -106,6 +106,11 @@ class LocalController:
         if name in self.store.claims:
             raise InvalidRequest(f"claim {name!r} already exists")
         owner_start = None
+        grace = request.orphan_grace
+        if grace is not None and (
+            isinstance(grace, bool) or not isinstance(grace, int | float) or not 0 <= grace <= 86400
+        ):
+            raise InvalidRequest("orphan_grace must be a number of seconds from 0 to 86400")
         if request.owner_pid is not None:
             if not isinstance(request.owner_pid, int) or request.owner_pid <= 0:
                 raise InvalidRequest("owner_pid must be a positive integer")
@@ -119,6 +124,7 @@ class LocalController:
             env=env,
             owner_pid=request.owner_pid,
             owner_start=owner_start,
+            orphan_grace=request.orphan_grace,
         )
         self.store.claims[name] = claim
         # Adopt right away when a warm sandbox is ready: the claim answers Ready at once.
@@ -193,6 +199,7 @@ class LocalController:
                 "memory_mb": pool.memory_mb if pool else None,
                 "cpu_seconds": pool.cpu_seconds if pool else None,
                 "restarts": sandbox.restarts if sandbox else 0,
+                "owner_pid": claim.owner_pid,
             },
         }
 
@@ -467,7 +474,8 @@ class LocalController:
                 self._orphan_since.pop(claim.name, None)
                 continue
             since = self._orphan_since.setdefault(claim.name, now)
-            if now - since >= self.orphan_grace:
+            grace = self.orphan_grace if claim.orphan_grace is None else claim.orphan_grace
+            if now - since >= grace:
                 log.info(
                     "releasing claim %s: its owner process %s is gone", claim.name, claim.owner_pid
                 )

@@ -124,6 +124,7 @@ class Claim:
     env: dict[str, str] = field(default_factory=dict)
     owner_pid: int | None = None
     owner_start: float | None = None
+    orphan_grace: float | None = None
     sandbox: str | None = None
     warm: bool | None = None
     suspended: bool = False  # desired
