@@ -125,6 +125,7 @@ async def serve(args: argparse.Namespace) -> None:
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     server.stop()
+    await ctx.close()
     if resolver is not None:
         await asyncio.to_thread(resolver.stop)
 

@@ -106,17 +106,18 @@ def router(kube, runtime):
 
     port = _free_port()
 
-    async def start() -> HTTPServer:
+    async def start() -> tuple[HTTPServer, RouterContext]:
         ctx = RouterContext(lookup=lookup, authority=TokenAuthority(SECRET))
         server = HTTPServer(make_router_app(ctx))
         server.listen(port, address="127.0.0.1")
-        return server
+        return server, ctx
 
-    server = background().run_sync(start(), 10)
+    server, ctx = background().run_sync(start(), 10)
     yield f"http://127.0.0.1:{port}"
 
     async def stop() -> None:
         server.stop()
+        await ctx.close()
 
     background().run_sync(stop(), 10)
 
