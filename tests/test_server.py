@@ -122,8 +122,12 @@ async def test_cull_suspends_and_next_execute_resumes(tmp_path: Path) -> None:
             return bool(model["sandbox"]["suspended"])
 
         await wait_for(suspended, 30)
+
+        async def compute_released() -> bool:
+            return (await claims_for(kernel_id))[0].phase == "Suspended"
+
+        await wait_for(compute_released, 30)
         claim = (await claims_for(kernel_id))[0]
-        assert claim.phase == "Suspended"
         assert claim.resources["pid"] is None, "a suspended sandbox has no process"
         assert Path(claim.workspace or "", "kept.txt").exists(), "the workspace is kept"
         kernels = await server.request("GET", "/api/kernels")
