@@ -117,6 +117,8 @@ class SandboxSession:
             await self.release()
             raise
         self._set_status(status)
+        if status.warm is not None:
+            self.progress.warm = status.warm  # Kubernetes knows only once the claim is bound
         ports = self.bridge.bind()
         assert self.endpoint is not None
         self.bridge.connect(self.endpoint)
