@@ -316,8 +316,13 @@ def test_a_failed_claim_is_explained(tmp_path: Path) -> None:
             text = toast.inner_text()
             assert "jupyter-sandbox pool create missing" in text, text
             page.screenshot(path=str(shots / "01-pool-not-found.png"))
-            # JupyterLab's own "Error Starting Kernel" dialog comes first; then ours.
+            # JupyterLab's own "Error Starting Kernel" dialog (with the same message)
+            # comes first, then its kernel selector: answer both, then ask for advice.
+            page.locator(".jp-Dialog", has_text="Error Starting Kernel").wait_for()
+            assert "pool create missing" in page.locator(".jp-Dialog").first.inner_text()
             page.locator(".jp-Dialog button", has_text="Ok").first.click()
+            page.locator(".jp-Dialog button", has_text="No Kernel").first.click()
+            page.locator(".jp-Dialog").first.wait_for(state="detached")
             toast.locator("button", has_text="What to do").click()
             advice = page.locator(".jp-Dialog", has_text="could not be claimed")
             advice.wait_for()
