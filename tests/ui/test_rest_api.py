@@ -250,3 +250,43 @@ async def _status(
         request_timeout=60,
     )
     return int(response.code)
+
+
+async def test_cold_start_progress_is_streamed(tmp_path: Path) -> None:
+    """A pool with no warm sandbox: the stream shows the kernel waiting, then ready."""
+    import os
+
+    from jupyter_sandbox.control_plane.local.client import LocalControlPlane
+    from jupyter_sandbox.kernelspec import install_kernelspec
+
+    install_kernelspec("cold", prefix=str(tmp_path))
+    data = str(tmp_path / "share" / "jupyter")
+    env = {"JUPYTER_PATH": os.pathsep.join(filter(None, [data, os.environ.get("JUPYTER_PATH")]))}
+    plane = LocalControlPlane()
+    await plane.apply_pool("cold", {"replicas": 0})
+    try:
+        with jupyter_server(tmp_path, env=env) as server, EventStream(server) as events:
+            await events.wait(lambda s: s["daemon"]["running"])
+            starting = asyncio.ensure_future(start_kernel(server, "sandbox-cold"))
+            seen = await events.wait(
+                lambda s: any(e["state"] == "starting" for e in s["starting"]), timeout=60
+            )
+            entry = next(e for e in seen["starting"] if e["state"] == "starting")
+            assert entry["name"] == "sandbox-cold" and entry["pool"] == "cold"
+            assert entry["sandbox"]["progress"]["step"] in ("claiming", "waiting", "ready")
+            kernel_id = await starting
+            ready = await events.wait(lambda s: kernel_in(s, kernel_id) is not None)
+            assert ready["starting"] == []
+            model = kernel_in(ready, kernel_id)
+            assert model is not None and model["sandbox"]["warm"] is False, "a cold start"
+            steps = [
+                e["sandbox"]["progress"]["step"]
+                for s in events.snapshots
+                for e in s["starting"]
+                if e["state"] == "starting"
+            ]
+            print("cold start steps seen:", steps)
+            await server.request("DELETE", f"/api/kernels/{kernel_id}", expect=204)
+    finally:
+        await plane.delete_pool("cold")
+        await plane.close()
