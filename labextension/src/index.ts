@@ -1,8 +1,4 @@
-import {
-  ILabShell,
-  JupyterFrontEnd,
-  JupyterFrontEndPlugin
-} from '@jupyterlab/application';
+import { JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
 import { Dialog, ICommandPalette, Notification, showDialog } from '@jupyterlab/apputils';
 import { ILauncher } from '@jupyterlab/launcher';
 import { IMainMenu } from '@jupyterlab/mainmenu';
@@ -60,15 +56,14 @@ const plugin: JupyterFrontEndPlugin<void> = {
   description: 'Sandboxed kernels: status bar, pools panel, suspend/resume, claim progress.',
   autoStart: true,
   requires: [INotebookTracker],
-  optional: [IStatusBar, ICommandPalette, ILauncher, IMainMenu, ILabShell],
+  optional: [IStatusBar, ICommandPalette, ILauncher, IMainMenu],
   activate: (
     app: JupyterFrontEnd,
     tracker: INotebookTracker,
     statusBar: IStatusBar | null,
     palette: ICommandPalette | null,
     launcher: ILauncher | null,
-    mainMenu: IMainMenu | null,
-    labShell: ILabShell | null
+    mainMenu: IMainMenu | null
   ) => {
     const { commands, serviceManager } = app;
     const specs = (): KernelSpec.ISpecModels | null => serviceManager.kernelspecs.specs;
@@ -279,7 +274,6 @@ const plugin: JupyterFrontEndPlugin<void> = {
     if (launcher) {
       void setUpLauncher(app, launcher, specs);
     }
-    void labShell;
   }
 };
 
