@@ -52,7 +52,7 @@ class SandboxWebsocketConnection(ZMQChannelsWebsocketConnection):  # type: ignor
                 self._announce_restart = True
         await super().prepare()
 
-    def connect(self) -> asyncio.Future[None] | None:
+    def connect(self) -> asyncio.Future[None] | None:  # type: ignore[override]
         future: Any = super().connect()
         if self._announce_restart and future is not None:
             self._announce_restart = False

@@ -15,6 +15,7 @@ import json
 import re
 from typing import Any
 
+from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import url_path_join
 from tornado import web
@@ -25,14 +26,6 @@ from ..control_plane.factory import get_control_plane
 from ..kernel_provisioner.provisioner import SandboxProvisioner
 from ..utils.background import background
 from .events import EventHub, kernel_entry, offer
-
-try:
-    from jupyter_server.auth.decorator import authorized
-except ImportError:  # pragma: no cover - older jupyter_server
-
-    def authorized(method: Any) -> Any:  # type: ignore[no-redef]
-        return method
-
 
 AUTH_RESOURCE = "kernels"
 # The shape jupyter_server itself routes for kernel ids.
