@@ -280,3 +280,36 @@ async def test_pool_refills_after_claims(plane: LocalControlPlane) -> None:
     finally:
         await plane.release(status.name)
         await plane.release(status.name)  # idempotent
+
+
+@pytest.mark.skipif(not ISOLATED, reason=f"no isolation here: {probe().detail}")
+async def test_a_sandbox_has_no_route_to_another(plane: LocalControlPlane) -> None:
+    other = await plane.claim(ClaimRequest(pool="default"))
+    other = await plane.wait_ready(other.name, 60)
+    assert other.endpoint is not None
+    other_socket = HOME / "run" / str(other.sandbox) / "runtime.sock"
+    km = await start_sandbox_kernel()
+    try:
+        out = await run_code(
+            km,
+            (
+                "import os, socket, urllib.request, urllib.error\n"
+                f"print('socket visible', os.path.exists({str(other_socket)!r}))\n"
+                f"print('state dir visible', os.path.exists({str(HOME)!r}))\n"
+                f"req = urllib.request.Request({other.endpoint.router_url!r} + '/list/',\n"
+                f"    headers={{'X-Sandbox-ID': {other.sandbox!r}, 'X-Sandbox-Namespace': 'local'}})\n"
+                "try:\n"
+                "    urllib.request.urlopen(req, timeout=5)\n"
+                "    print('router: reached')\n"
+                "except urllib.error.HTTPError as e:\n"
+                "    print('router:', e.code)\n"
+                "except OSError as e:\n"
+                "    print('router: unreachable')\n"
+            ),
+        )
+    finally:
+        await km.shutdown_kernel()
+        await plane.release(other.name)
+    assert "socket visible False" in out, out
+    assert "state dir visible False" in out, out
+    assert "router: 401" in out or "router: unreachable" in out, out
