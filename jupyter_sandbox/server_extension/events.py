@@ -10,7 +10,10 @@ changes. Sources of change:
 - kernel state held in this process (claim progress, suspended, execution
   state) is compared against the last snapshot once a second while someone is
   subscribed. That is a comparison of in-memory state, not a network call;
-  nothing runs while no browser listens.
+  nothing runs while no browser listens;
+- pools on Kubernetes (when an installed kernelspec uses that backend) are
+  listed every 15 seconds while someone is subscribed: the cluster does not
+  tell this server when they change.
 
 Browsers therefore never poll; they hold one stream and receive a snapshot on
 connect and on each change.
@@ -29,7 +32,9 @@ from typing import Any
 from tornado import iostream
 
 from ..control_plane.base import ClaimError
+from ..control_plane.factory import get_control_plane
 from ..kernel_provisioner.provisioner import SandboxProvisioner
+from ..utils.background import background
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +42,8 @@ TICK_SECONDS = 1.0
 DAEMON_RETRY_SECONDS = 5.0
 POOL_DEBOUNCE_SECONDS = 0.1
 FAILED_START_TTL = 120.0
+KUBERNETES_REFRESH_SECONDS = 15.0
+SPECS_CACHE_SECONDS = 30.0
 
 
 def kernel_entry(kernel_id: str, kernel: Any, provisioner: SandboxProvisioner) -> dict[str, Any]:
@@ -56,6 +63,12 @@ def _error_entry(exc: BaseException) -> dict[str, str]:
     reason = getattr(exc, "reason", None) or type(exc).__name__
     message = getattr(exc, "log_message", None) or str(exc) or type(exc).__name__
     return {"reason": str(reason), "message": str(message), "hint": ""}
+
+
+async def _kubernetes_pools(options: dict[str, Any]) -> list[dict[str, Any]]:
+    """Runs on the background loop, where every control-plane client lives."""
+    plane = get_control_plane("kubernetes", **options)
+    return [p.to_json() for p in await plane.list_pools()]
 
 
 def _is_sandbox_spec(km: Any) -> bool:
@@ -83,6 +96,9 @@ class EventHub:
         self._background: set[asyncio.Future[None]] = set()
         self._pool_refresh: asyncio.TimerHandle | None = None
         self._daemon_stream: iostream.IOStream | None = None
+        self._local_pools: list[dict[str, Any]] = []
+        self._kubernetes_pools: list[dict[str, Any]] = []
+        self._k8s_backends: tuple[float, list[dict[str, Any]]] | None = None
         self._plane: Any = None
         self._closed = False
         self._track_starting_kernels()
@@ -224,6 +240,7 @@ class EventHub:
             self._tasks = [
                 asyncio.ensure_future(self._tick()),
                 asyncio.ensure_future(self._follow_daemon()),
+                asyncio.ensure_future(self._follow_kubernetes()),
             ]
 
     async def _tick(self) -> None:
@@ -259,15 +276,72 @@ class EventHub:
         try:
             pools = [dict(p.to_json(), backend="local") for p in await plane.list_pools()]
         except ClaimError as exc:
-            self.snapshot["pools"] = []
+            self._local_pools = []
             self.snapshot["daemon"] = {"running": False, "message": exc.message}
         except Exception as exc:
             log.debug("listing pools failed", exc_info=True)
+            self._local_pools = []
             self.snapshot["daemon"] = {"running": False, "message": str(exc)}
         else:
-            self.snapshot["pools"] = pools
+            self._local_pools = pools
             self.snapshot["daemon"] = {"running": True, "message": ""}
+        self.snapshot["pools"] = self._local_pools + self._kubernetes_pools
         self.refresh_kernels()
+
+    # -- pools on Kubernetes ---------------------------------------------------------
+
+    def kubernetes_backends(self) -> list[dict[str, Any]]:
+        """``backend_options`` of the installed kernelspecs that use Kubernetes (cached)."""
+        now = time.monotonic()
+        if self._k8s_backends is not None and now - self._k8s_backends[0] < SPECS_CACHE_SECONDS:
+            return self._k8s_backends[1]
+        found: dict[str, dict[str, Any]] = {}
+        try:
+            specs = self.serverapp.kernel_spec_manager.get_all_specs()
+        except Exception:
+            log.debug("cannot read kernelspecs", exc_info=True)
+            specs = {}
+        for info in specs.values():
+            metadata = (info.get("spec") or {}).get("metadata") or {}
+            if (metadata.get("jupyter_sandbox") or {}).get("backend") != "kubernetes":
+                continue
+            config = (metadata.get("kernel_provisioner") or {}).get("config") or {}
+            options = config.get("backend_options") or {}
+            found[json.dumps(options, sort_keys=True)] = options
+        backends = list(found.values())
+        self._k8s_backends = (now, backends)
+        return backends
+
+    async def refresh_kubernetes_pools(self) -> None:
+        backends = self.kubernetes_backends()
+        if not backends:
+            self._kubernetes_pools = []
+            self.snapshot.pop("kubernetes", None)
+        else:
+            pools: list[dict[str, Any]] = []
+            errors: list[str] = []
+            for options in backends:
+                try:
+                    listed = await background().run(_kubernetes_pools(options))
+                except ClaimError as exc:
+                    errors.append(exc.message)
+                except Exception as exc:
+                    log.debug("listing Kubernetes pools failed", exc_info=True)
+                    errors.append(str(exc) or type(exc).__name__)
+                else:
+                    pools.extend(dict(p, backend="kubernetes") for p in listed)
+            self._kubernetes_pools = pools
+            self.snapshot["kubernetes"] = {"ok": not errors, "message": "; ".join(errors)}
+        self.snapshot["pools"] = self._local_pools + self._kubernetes_pools
+        self.publish()
+
+    async def _follow_kubernetes(self) -> None:
+        """The Kubernetes pools change without telling this server: look now and then."""
+        while self.subscribers and not self._closed:
+            await self.refresh_kubernetes_pools()
+            if not self.kubernetes_backends():
+                break
+            await asyncio.sleep(KUBERNETES_REFRESH_SECONDS)
 
     async def _follow_daemon(self) -> None:
         """Hold the daemon's event stream while anyone listens; reconnect when it drops."""

@@ -71,6 +71,8 @@ export interface ISnapshot {
   starting: IStartingEntry[];
   pools: IPoolEntry[];
   daemon: { running: boolean; message: string };
+  /** Present when a kernelspec uses the Kubernetes backend. */
+  kubernetes?: { ok: boolean; message: string };
 }
 
 export const EMPTY_SNAPSHOT: ISnapshot = {
@@ -189,11 +191,14 @@ export function isolationInfo(
       };
     case 'kubernetes':
     case 'runtimeclass': {
-      const runtime = detail ? `runtime class ${detail}` : 'default runtime';
+      // The Kubernetes backend says e.g. "pod in namespace ns, runtimeClassName gvisor".
+      const runtime = /runtimeClassName[ =:]+([\w.-]+)/.exec(detail ?? '')?.[1];
       return {
-        label: detail ? `k8s: ${detail}` : 'kubernetes',
+        label: runtime ? `k8s: ${runtime}` : 'k8s pod',
         warning: false,
-        description: `Runs in its own Kubernetes pod (${runtime}).`
+        description:
+          `Runs in its own Kubernetes pod (${runtime ? `runtime class ${runtime}` : 'default runtime'})` +
+          `${extra}.`
       };
     }
     case 'none':

@@ -220,7 +220,7 @@ export class SandboxPanel extends Widget {
     this.node.append(header);
 
     this.node.append(el('h3', {}, 'Pools'));
-    if (!snapshot.daemon.running && snapshot.pools.length === 0) {
+    if (!snapshot.daemon.running && snapshot.pools.length === 0 && !snapshot.kubernetes) {
       this.node.append(
         el(
           'p',
@@ -245,6 +245,16 @@ export class SandboxPanel extends Widget {
         table.append(this._poolRow(pool));
       }
       this.node.append(table);
+    }
+
+    if (snapshot.kubernetes && !snapshot.kubernetes.ok) {
+      this.node.append(
+        el(
+          'p',
+          { class: 'jp-SandboxStatus-warning' },
+          `Kubernetes pools unavailable: ${snapshot.kubernetes.message}`
+        )
+      );
     }
 
     this.node.append(el('h3', {}, 'Your sandboxed kernels'));
@@ -281,7 +291,11 @@ export class SandboxPanel extends Widget {
     return el(
       'tr',
       { 'data-pool': pool.name },
-      el('td', { title: pool.display_name }, pool.name),
+      el(
+        'td',
+        { title: `${pool.display_name} (${pool.backend ?? 'local'}, ${pool.namespace})` },
+        pool.backend === 'kubernetes' ? `${pool.name} (k8s)` : pool.name
+      ),
       el('td', { class: 'jp-SandboxPanel-warm' }, poolSummary(pool)),
       el(
         'td',

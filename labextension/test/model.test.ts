@@ -68,11 +68,12 @@ describe('sandboxState', () => {
 describe('isolationInfo', () => {
   it('names bubblewrap and kubernetes runtime classes without a warning', () => {
     expect(isolationInfo('bubblewrap')).toMatchObject({ label: 'bubblewrap', warning: false });
-    expect(isolationInfo('kubernetes', 'gvisor')).toMatchObject({
-      label: 'k8s: gvisor',
-      warning: false
-    });
-    expect(isolationInfo('kubernetes').description).toContain('default runtime');
+    const gvisor = isolationInfo('kubernetes', 'pod in namespace ns, runtimeClassName gvisor');
+    expect(gvisor).toMatchObject({ label: 'k8s: gvisor', warning: false });
+    expect(gvisor.description).toContain('runtime class gvisor');
+    const plain = isolationInfo('kubernetes', 'pod in namespace ns');
+    expect(plain).toMatchObject({ label: 'k8s pod', warning: false });
+    expect(plain.description).toContain('default runtime');
   });
 
   it('warns plainly when a sandbox is not isolated or isolation is unknown', () => {
