@@ -4,7 +4,12 @@
     python -m tests.cluster status
     python -m tests.cluster down    # idempotent; kills everything, removes data
 
-State lives in ``$JUPYTER_SANDBOX_CACHE/run/cluster.json`` (outside the repo).
+    python -m tests.cluster node-up     # a second control plane (no kwok) + a real
+                                        # node (containerd, runc, CNI, kubelet)
+    python -m tests.cluster node-down   # idempotent; processes, mounts, links, cgroups
+
+State lives in ``$JUPYTER_SANDBOX_CACHE/run/cluster.json`` and ``run/node-cluster/``
+(outside the repo).
 """
 
 from __future__ import annotations
@@ -109,6 +114,94 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0 if all(alive.values()) else 1
 
 
+def node_dir() -> Path:
+    return cache_root() / "run" / "node-cluster"
+
+
+def cmd_node_up(args: argparse.Namespace) -> int:
+    from .node import Node, missing_node_parts
+
+    st = _read_node_state()
+    if st and all(_alive(p) for p in st["pids"].values()):
+        print(st["kubeconfig"])
+        return 0
+    cmd_node_down(args)
+    missing = missing_binaries(with_kwok=False) + missing_node_parts()
+    if missing:
+        print(f"missing: {missing}; run tests/cluster/build.sh --node", file=sys.stderr)
+        return 1
+    d = node_dir()
+    d.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    cp = ControlPlane(workdir=d / "controlplane", with_kwok=False)
+    cp.start()
+    (d / "controlplane.json").write_text(
+        json.dumps({"workdir": str(cp.workdir), "pids": {n: p.pid for n, p in cp.procs.items()}})
+    )
+    node = Node(cp, workdir=d / "node")
+    try:
+        node.start()
+    except BaseException:
+        cmd_node_down(args)
+        raise
+    state = {
+        "url": cp.url,
+        "kubeconfig": str(cp.kubeconfig),
+        "images": node.images,
+        "node": node.name,
+        "pids": {n: p.pid for n, p in cp.procs.items()} | {n: p.pid for n, p in node.procs.items()},
+    }
+    (d / "state.json").write_text(json.dumps(state, indent=1))
+    timings = " ".join(f"{k}={v:.1f}s" for k, v in node.timings.items())
+    print(f"node cluster up in {time.monotonic() - t0:.1f}s ({timings})", file=sys.stderr)
+    print(f"images: {node.images}", file=sys.stderr)
+    print(cp.kubeconfig)
+    cp.procs.clear()
+    node.procs.clear()
+    return 0
+
+
+def _read_node_state() -> dict | None:
+    f = node_dir() / "state.json"
+    try:
+        return json.loads(f.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def cmd_node_down(args: argparse.Namespace) -> int:
+    from .node import load_state, teardown
+
+    d = node_dir()
+    if not d.exists():
+        return 0
+    nst = load_state(d / "node")
+    if nst:
+        for line in teardown(nst):
+            print(f"node-down: {line}", file=sys.stderr)
+    try:
+        cst = json.loads((d / "controlplane.json").read_text())
+    except (OSError, ValueError):
+        cst = None
+    if cst:
+        # its data is thrown away: no need to wait long for a graceful shutdown
+        pids = list(cst["pids"].values())
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            for pid in pids:
+                if _alive(pid):
+                    try:
+                        os.killpg(pid, sig)
+                    except ProcessLookupError:
+                        pass
+            deadline = time.monotonic() + 2
+            while time.monotonic() < deadline and any(_alive(p) for p in pids):
+                time.sleep(0.1)
+            if not any(_alive(p) for p in pids):
+                break
+    shutil.rmtree(d, ignore_errors=True)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tests.cluster")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -117,8 +210,17 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--nodes", type=int, default=1)
     sub.add_parser("down")
     sub.add_parser("status")
+    sub.add_parser("node-up")
+    sub.add_parser("node-down")
     a = p.parse_args(argv)
-    return {"up": cmd_up, "down": cmd_down, "status": cmd_status}[a.cmd](a)
+    cmds = {
+        "up": cmd_up,
+        "down": cmd_down,
+        "status": cmd_status,
+        "node-up": cmd_node_up,
+        "node-down": cmd_node_down,
+    }
+    return cmds[a.cmd](a)
 
 
 if __name__ == "__main__":

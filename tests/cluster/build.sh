@@ -5,10 +5,19 @@
 #   etcd                                                     (go.etcd.io/etcd/server/v3)
 #   kwok                                                     (sigs.k8s.io/kwok, fake kubelet)
 #
+# With --node (or WITH_NODE=1) also what a real node needs:
+#
+#   kubelet                                     (k8s.io/kubernetes, same wrapper module)
+#   containerd, ctr, containerd-shim-runc-v2    (github.com/containerd/containerd/v2)
+#   pause                                       (tests/cluster/pause, our own few lines)
+#
+# runc and the CNI plugins come from Debian packages (see node.py).
+#
 # Everything is built from the official Go modules through the Go module proxy
 # and cached outside the repository, keyed by version:
 #
 #   ${JUPYTER_SANDBOX_CACHE:-$HOME/.cache/jupyter-sandbox}/k8s-v<K8S_VERSION>/bin
+#   ${JUPYTER_SANDBOX_CACHE:-$HOME/.cache/jupyter-sandbox}/containerd-<CONTAINERD_VERSION>/bin
 #
 # GOMODCACHE and GOCACHE live under the same cache root, so a rebuild after a
 # version bump reuses downloaded modules.  If KUBEBUILDER_ASSETS points at a
@@ -22,9 +31,19 @@ set -euo pipefail
 K8S_VERSION="${K8S_VERSION:-1.36.3}"
 ETCD_VERSION="${ETCD_VERSION:-v3.6.16}"
 KWOK_VERSION="${KWOK_VERSION:-v0.8.0}"
+CONTAINERD_VERSION="${CONTAINERD_VERSION:-v2.2.9}"
+WITH_NODE="${WITH_NODE:-}"
+for arg in "$@"; do
+    case "$arg" in
+        --node) WITH_NODE=1 ;;
+        *) echo "usage: $0 [--node]" >&2; exit 2 ;;
+    esac
+done
 CACHE_ROOT="${JUPYTER_SANDBOX_CACHE:-$HOME/.cache/jupyter-sandbox}"
 BIN_DIR="$CACHE_ROOT/k8s-v$K8S_VERSION/bin"
 SRC_DIR="$CACHE_ROOT/k8s-v$K8S_VERSION/src"
+CTRD_DIR="$CACHE_ROOT/containerd-$CONTAINERD_VERSION/bin"
+HERE="$(cd "$(dirname "$0")" && pwd)"
 GO="${GO:-$(command -v go || echo /usr/local/go/bin/go)}"
 
 export GOMODCACHE="$CACHE_ROOT/gomodcache"
@@ -43,6 +62,8 @@ mount-utils pod-security-admission sample-apiserver sample-cli-plugin
 sample-controller streaming"
 
 K8S_BINS="kube-apiserver kube-controller-manager kube-scheduler"
+CTRD_BINS="containerd ctr containerd-shim-runc-v2"
+if [[ -n "$WITH_NODE" ]]; then K8S_BINS="$K8S_BINS kubelet"; fi
 ALL_BINS="etcd kwok $K8S_BINS"
 START=$SECONDS
 
@@ -54,6 +75,14 @@ have_asset() {  # binary already provided by KUBEBUILDER_ASSETS?
 
 need() {  # should we build this binary?
     ! have_asset "$1" && [[ ! -x "$BIN_DIR/$1" ]]
+}
+
+need_node() {  # containerd and pause (only with --node)
+    [[ -n "$WITH_NODE" ]] || return 1
+    local b
+    for b in $CTRD_BINS; do [[ -x "$CTRD_DIR/$b" ]] || return 0; done
+    [[ -x "$BIN_DIR/pause" ]] || return 0
+    return 1
 }
 
 # kwok needs Stage definitions (node init + heartbeat, pod ready/complete/delete);
@@ -73,6 +102,7 @@ write_kwok_stages() {
 
 missing=""
 for b in $ALL_BINS; do need "$b" && missing="$missing $b"; done
+if need_node; then missing="$missing containerd/pause"; fi
 if [[ -z "$missing" ]] && { have_asset kwok || [[ -s "$STAGES" ]] || write_kwok_stages; }; then
     log "all binaries present (${KUBEBUILDER_ASSETS:+KUBEBUILDER_ASSETS=$KUBEBUILDER_ASSETS, }cache $BIN_DIR); took $((SECONDS - START))s"
     echo "$BIN_DIR"
@@ -116,6 +146,31 @@ build_kwok() {
     GOBIN="$SRC_DIR/kwok-bin" "$GO" install -trimpath -ldflags "$LDFLAGS_COMMON" \
         "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION" >&2
     mv "$SRC_DIR/kwok-bin/kwok" "$BIN_DIR/kwok"
+}
+
+build_containerd() {
+    # containerd's go.mod has no replace directives, so `go install pkg@version`
+    # works.  Static (no cgo): btrfs/devmapper/zfs snapshotters are left out, the
+    # overlayfs and native snapshotters and the CRI plugin are in.
+    local p="github.com/containerd/containerd/v2"
+    mkdir -p "$CTRD_DIR"
+    GOBIN="$SRC_DIR/containerd-bin" "$GO" install -trimpath \
+        -tags no_btrfs,no_devmapper,no_zfs,no_aufs \
+        -ldflags "$LDFLAGS_COMMON -X $p/version.Version=$CONTAINERD_VERSION -X $p/version.Revision=module" \
+        "$p/cmd/containerd@$CONTAINERD_VERSION" "$p/cmd/ctr@$CONTAINERD_VERSION" \
+        "$p/cmd/containerd-shim-runc-v2@$CONTAINERD_VERSION" >&2
+    local b
+    for b in $CTRD_BINS; do mv "$SRC_DIR/containerd-bin/$b" "$CTRD_DIR/$b"; done
+}
+
+build_pause() {
+    # the sandbox ("pause") container's process: our own few lines of Go, static
+    local dir="$SRC_DIR/pause"
+    mkdir -p "$dir"
+    cp "$HERE/pause/main.go" "$dir/main.go"
+    printf 'module jupyter-sandbox.test/pause\n\ngo 1.22\n' >"$dir/go.mod"
+    (cd "$dir" && "$GO" build -trimpath -ldflags "$LDFLAGS_COMMON" -o "$BIN_DIR/pause.tmp" . >&2)
+    mv "$BIN_DIR/pause.tmp" "$BIN_DIR/pause"
 }
 
 build_k8s() {
@@ -169,6 +224,18 @@ fi
 for b in $ALL_BINS; do
     if need "$b"; then log "ERROR: $b still missing"; exit 1; fi
 done
+if [[ -n "$WITH_NODE" ]]; then
+    t=$SECONDS
+    if [[ ! -x "$BIN_DIR/pause" ]]; then build_pause; log "pause built in $((SECONDS - t))s"; fi
+    t=$SECONDS
+    for b in $CTRD_BINS; do
+        if [[ ! -x "$CTRD_DIR/$b" ]]; then
+            build_containerd
+            log "containerd $CONTAINERD_VERSION built in $((SECONDS - t))s"
+            break
+        fi
+    done
+fi
 write_kwok_stages
 log "done in $((SECONDS - START))s; binaries in $BIN_DIR"
 echo "$BIN_DIR"

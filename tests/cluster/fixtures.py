@@ -7,6 +7,12 @@ with the reason, except under ``CI`` where they fail loudly.
 ``JUPYTER_SANDBOX_TEST_KUBECONFIG`` points the fixture at an already running
 control plane (e.g. one started with ``tests/cluster/up.sh``) instead of
 starting a fresh one.
+
+``kube_node_cluster`` (tests marked ``@pytest.mark.node``) is a second control
+plane, without kwok, joined by one real node (containerd, runc, CNI bridge,
+kubelet: see ``node.py``) whose pods run the locally built runtime image.
+``JUPYTER_SANDBOX_TEST_NODE_CLUSTER=1`` reuses the one ``tests/cluster/node-up.sh``
+started.
 """
 
 from __future__ import annotations
@@ -44,6 +50,21 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "cluster: needs the real Kubernetes test control plane (tests/cluster)"
     )
+    config.addinivalue_line(
+        "markers",
+        "node: needs a real node (kubelet + containerd, root; tests/cluster/build.sh --node)",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Node tests start containerd and a kubelet as root: only when asked for
+    (``-m node`` or an expression naming it), never as part of a plain run."""
+    if "node" in (config.option.markexpr or ""):
+        return
+    skip = pytest.mark.skip(reason="real-node test: select with -m node")
+    for item in items:
+        if item.get_closest_marker("node"):
+            item.add_marker(skip)
 
 
 def crd_documents() -> list[dict]:
@@ -115,4 +136,72 @@ def kube_cluster():
         print(f"\n[kube_cluster] control plane + CRDs ready in {took:.1f}s at {cp.url}")
         yield cluster
     finally:
+        cp.stop()
+
+
+@dataclass
+class KubeNodeCluster(KubeCluster):
+    """A control plane plus one real node; ``images`` maps "runtime"/"pause" to refs."""
+
+    node: object | None = None
+    node_name: str = ""
+    images: dict | None = None
+
+    @property
+    def runtime_image(self) -> str:
+        assert self.images
+        return self.images["runtime"]
+
+
+@pytest.fixture(scope="session")
+def kube_node_cluster():
+    from .__main__ import node_dir
+    from .node import Node, missing_node_parts
+
+    if os.environ.get("JUPYTER_SANDBOX_TEST_NODE_CLUSTER"):
+        import json
+
+        st = json.loads((node_dir() / "state.json").read_text())
+        cluster = KubeNodeCluster(
+            kubeconfig=Path(st["kubeconfig"]),
+            url=st["url"],
+            node_name=st["node"],
+            images=st["images"],
+        )
+        with cluster.api_client() as api:
+            install_crds(api)
+        yield cluster
+        return
+    missing = missing_binaries(with_kwok=False) + missing_node_parts()
+    if missing:
+        msg = f"real-node test cluster not available, missing: {', '.join(missing)}"
+        if os.environ.get("CI"):
+            pytest.fail(msg, pytrace=False)
+        pytest.skip(msg)
+    t0 = time.monotonic()
+    cp = ControlPlane(with_kwok=False)
+    node = None
+    try:
+        cp.start()
+        with KubeCluster(kubeconfig=cp.kubeconfig, url=cp.url).api_client() as api:
+            install_crds(api)
+        t1 = time.monotonic()
+        node = Node(cp)
+        node.start()
+        timings = " ".join(f"{k}={v:.1f}s" for k, v in node.timings.items())
+        print(
+            f"\n[kube_node_cluster] control plane in {t1 - t0:.1f}s, node {node.name} Ready "
+            f"in {time.monotonic() - t1:.1f}s ({timings})"
+        )
+        yield KubeNodeCluster(
+            kubeconfig=cp.kubeconfig,
+            url=cp.url,
+            controlplane=cp,
+            node=node,
+            node_name=node.name,
+            images=dict(node.images),
+        )
+    finally:
+        if node is not None:
+            node.stop()
         cp.stop()
