@@ -27,6 +27,7 @@ from tornado import httpclient, websocket
 from ..control_plane.base import Endpoint
 from ..protocol import framing
 from ..protocol.messages import DELIM, header, parent_msg_id, sign, split_zmq, verify
+from ..protocol.zmqsend import send_now
 
 log = logging.getLogger(__name__)
 
@@ -282,7 +283,7 @@ class Bridge:
         signature = sign(self.key, parts)
         if channel == "iopub":
             sock = self._sockets["iopub"]
-            sock.send_multipart([b"kernel.iopub", DELIM, signature, *parts], copy=False)
+            send_now(sock, [b"kernel.iopub", DELIM, signature, *parts])
             return
         parent = parent_msg_id(parts)
         ident = self._routes.get(parent) if parent else None
@@ -293,7 +294,7 @@ class Bridge:
             self._routes.pop(parent or "", None)
         reply_socket = self._sockets.get(channel)
         if reply_socket is not None:
-            reply_socket.send_multipart([ident, DELIM, signature, *parts], copy=False)
+            send_now(reply_socket, [ident, DELIM, signature, *parts])
 
     def _on_event(self, parts: list[bytes]) -> None:
         try:

@@ -17,6 +17,7 @@ import zmq.asyncio
 from jupyter_client.manager import AsyncKernelManager
 
 from ..protocol.messages import DELIM, parent_msg_id, sign, split_zmq
+from ..protocol.zmqsend import send_now
 
 log = logging.getLogger(__name__)
 
@@ -259,7 +260,7 @@ class KernelHost:
         if sock is None:
             raise KernelNotRunning("kernel is not running")
         self.state.last_activity = time.time()
-        sock.send_multipart([DELIM, sign(self._key, parts), *parts], copy=False)
+        send_now(sock, [DELIM, sign(self._key, parts), *parts])
 
     async def _probe_ready(self, timeout: float) -> None:
         """Send kernel_info until the kernel answers on shell and iopub."""
