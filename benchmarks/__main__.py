@@ -50,13 +50,39 @@ async def local_figures(args: argparse.Namespace) -> list[Figure]:
     return figures
 
 
+def kubernetes_figures(args: argparse.Namespace) -> list[Figure]:
+    from . import kubernetes
+
+    reason = kubernetes.unavailable_reason()
+    if reason:
+        print(f"skipping the Kubernetes figures: {reason}")
+        return []
+    exe, why = kubernetes.upstream_controller(build=not args.quick)
+    if exe is None:
+        print(f"Kubernetes claim burst without its upstream baseline: {why}")
+    opts = kubernetes.Options(
+        quick=args.quick,
+        reps=5 if args.quick else 15,
+        bursts=(20, 50) if args.quick else (100, 500),
+        upstream=exe,
+        upstream_note=why,
+        profile=Path(args.profile_operator) if args.profile_operator else None,
+    )
+    return kubernetes.kubernetes_figures(opts)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="few repetitions (CI)")
     parser.add_argument(
         "--output", default="benchmarks/results", help="directory for the JSON report"
     )
-    parser.add_argument("--only", choices=["local", "router"], action="append")
+    parser.add_argument("--only", choices=["local", "router", "kubernetes"], action="append")
+    parser.add_argument(
+        "--profile-operator",
+        metavar="FILE",
+        help="py-spy the operator during the largest claim burst (.svg, or .txt for raw)",
+    )
     args = parser.parse_args(argv)
     args.reps = 3 if args.quick else 15
     args.round_trips = 30 if args.quick else 300
@@ -68,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["JUPYTER_SANDBOX_HOME"] = tempfile.mkdtemp(prefix="bench-home-")
         os.environ.setdefault("JUPYTER_SANDBOX_IDLE_TIMEOUT", "0")
 
-    only = set(args.only or ["local", "router"])
+    only = set(args.only or ["local", "router", "kubernetes"])
     figures: list[Figure] = []
     started = time.time()
     if "local" in only:
@@ -77,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
         from .router_load import router_figures
 
         figures += router_figures(args.router_seconds, args.router_reps)
+    if "kubernetes" in only:
+        figures += kubernetes_figures(args)
     print(table(figures))
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
