@@ -170,8 +170,12 @@ def _read_node_state() -> dict | None:
 
 
 def cmd_node_down(args: argparse.Namespace) -> int:
-    from .node import load_state, teardown
+    from .node import load_state, orphaned_states, teardown
 
+    if getattr(args, "all", False):
+        for st in orphaned_states():
+            for line in teardown(st):
+                print(f"node-down ({st.workdir}): {line}", file=sys.stderr)
     d = node_dir()
     if not d.exists():
         return 0
@@ -211,7 +215,10 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("down")
     sub.add_parser("status")
     sub.add_parser("node-up")
-    sub.add_parser("node-down")
+    nd = sub.add_parser("node-down")
+    nd.add_argument(
+        "--all", action="store_true", help="also nodes of test runs that were killed (temp dirs)"
+    )
     a = p.parse_args(argv)
     cmds = {
         "up": cmd_up,

@@ -186,7 +186,7 @@ def kube_node_cluster():
         with KubeCluster(kubeconfig=cp.kubeconfig, url=cp.url).api_client() as api:
             install_crds(api)
         t1 = time.monotonic()
-        node = Node(cp)
+        node = Node(cp, controlplane_owned=True)
         node.start()
         timings = " ".join(f"{k}={v:.1f}s" for k, v in node.timings.items())
         print(

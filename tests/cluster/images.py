@@ -103,11 +103,30 @@ def debian_suite() -> str:
     return "bookworm"
 
 
+# what `python -m jupyter_sandbox.runtime` imports (the rest of the package's
+# dependencies, e.g. the 100+ MiB kubernetes client, serve the operator, router
+# and server extension, not the sandbox; JSBX_IMAGE_FULL=1 installs them all)
+RUNTIME_REQUIREMENTS = {
+    "ipykernel",
+    "jupyter-client",
+    "tornado",
+    "pyzmq",
+    "python-multipart",
+    "traitlets",
+}
+
+
+def _req_name(spec: str) -> str:
+    return re.split(r"[<>=!~\[; ]", spec, maxsplit=1)[0].lower()
+
+
 def pip_requirements() -> list[str]:
-    """The package's own runtime dependencies (so the image can also run the
-    operator and the router), from pyproject.toml."""
+    """Requirement specifiers from pyproject.toml (versions as the project pins them)."""
     data = tomllib.loads((REPO / "pyproject.toml").read_text())
-    return sorted(data["project"]["dependencies"])
+    reqs = data["project"]["dependencies"]
+    if not os.environ.get("JSBX_IMAGE_FULL"):
+        reqs = [r for r in reqs if _req_name(r) in RUNTIME_REQUIREMENTS]
+    return sorted(reqs)
 
 
 def package_version() -> str:
@@ -439,6 +458,10 @@ def _write_image(repo: str, layers: list[Blob], config: dict, created_by: list[s
             with open(b.path, "rb") as f:
                 tf.addfile(ti, f)
     os.replace(tmp, archive)
+    # older archives of this image are whole copies of their layers: drop them
+    for old in images_dir().glob(f"{repo.rsplit('/', 1)[1]}-*.oci.tar"):
+        if old != archive:
+            old.unlink(missing_ok=True)
     return Image(name, archive)
 
 
