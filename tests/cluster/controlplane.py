@@ -323,6 +323,30 @@ class ControlPlane:
         if self._owns_workdir and self.workdir is not None:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
+    def stop_component(self, name: str, sig: int = signal.SIGTERM, timeout: float = 30) -> None:
+        """Stop one process (e.g. ``kube-apiserver`` for an outage test), keeping the
+        rest running; :meth:`start_component` starts it again with the same flags."""
+        p = self.procs[name]
+        if p.poll() is None:
+            try:
+                os.killpg(p.pid, sig)
+            except ProcessLookupError:
+                pass
+            try:
+                p.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait(timeout=5)
+
+    def start_component(self, name: str, timeout: float = 120) -> None:
+        """Start a component stopped by :meth:`stop_component` (same port, certs and
+        data); for the API server, wait until it is ready again."""
+        p = self.procs[name]
+        assert p.poll() is not None, f"{name} is still running"
+        self._spawn(name, [str(a) for a in list(p.args)[1:]])  # type: ignore[arg-type]
+        if name == "kube-apiserver":
+            self._wait_ready(timeout)
+
     # -- helpers -----------------------------------------------------------------
 
     def _spawn(self, name: str, args: list[str]) -> None:
