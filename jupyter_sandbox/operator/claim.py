@@ -448,8 +448,17 @@ class ClaimReconciler:
         pool_uid = pool["metadata"]["uid"]
         recreate = ((pool.get("spec", {}).get("updateStrategy") or {}).get("type")) == "Recreate"
         current = blueprint_hash(template)
+        members = op.sandboxes.by_index("warm-pool", name_hash(pool["metadata"]["name"]))
+        # oldest first: members that have been Ready longest go out first, and a
+        # refill that turns Ready mid-burst never overtakes an original member.
+        # Sort on the cheap key, then check members lazily and stop at 8: a burst
+        # reconciles every claim against the whole pool, so a full scan per claim
+        # made a burst of N claims cost O(N^2) condition lookups.
+        members.sort(
+            key=lambda s: (s["metadata"].get("creationTimestamp", ""), s["metadata"]["name"])
+        )
         cands = []
-        for sb in op.sandboxes.by_index("warm-pool", name_hash(pool["metadata"]["name"])):
+        for sb in members:
             md = sb["metadata"]
             if md["namespace"] != ns or deleting(sb) or (ns, md["name"]) in self._reserved:
                 continue
@@ -459,12 +468,9 @@ class ClaimReconciler:
             if recreate and is_stale(sb, template, current):
                 continue
             cands.append(sb)
-        # oldest first: members that have been Ready longest go out first, and a
-        # refill that turns Ready mid-burst never overtakes an original member
-        cands.sort(
-            key=lambda s: (s["metadata"].get("creationTimestamp", ""), s["metadata"]["name"])
-        )
-        for cand in cands[:8]:
+            if len(cands) == 8:
+                break
+        for cand in cands:
             k = (ns, cand["metadata"]["name"])
             if k in self._reserved:
                 continue
