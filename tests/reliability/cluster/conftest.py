@@ -25,6 +25,7 @@ from tests.operator.conftest import (  # noqa: F401 - fixtures are used by name
     cond,
     is_ready,
     kube,
+    operator,
     operator_factory,
     pool_body,
     template_body,
