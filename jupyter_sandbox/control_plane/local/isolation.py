@@ -158,17 +158,12 @@ def bwrap_command(
     for path in ETC_FILES:
         if os.path.exists(path):
             args += ["--ro-bind", path, path]
+    # The private /tmp goes in before the Python installation: a virtualenv under
+    # /tmp must be bound on top of it, not hidden by it.
+    args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--dir", "/run"]
     for path in python_paths():
         args += ["--ro-bind", path, path]
     args += [
-        "--proc",
-        "/proc",
-        "--dev",
-        "/dev",
-        "--tmpfs",
-        "/tmp",
-        "--dir",
-        "/run",
         "--bind",
         workspace,
         WORKSPACE,
