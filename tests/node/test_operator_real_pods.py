@@ -8,137 +8,16 @@ runtime's user), bound by kube-controller-manager's PV binder; no provisioner.""
 
 from __future__ import annotations
 
-import copy
-import json
-import os
 import time
 import urllib.error
-import urllib.request
-import uuid
-from pathlib import Path
 
 import pytest
-import yaml
 
-from tests.operator.conftest import (
-    CLAIM,
-    POOL,
-    SB,
-    TPL,
-    Kube,
-    OperatorProc,
-    cond,
-    is_ready,
-    wait_for,
-)
+from tests.operator.conftest import CLAIM, POOL, SB, TPL, cond, is_ready, wait_for
+
+from .conftest import REPLICAS, _http, example_objects, pod_ready, run, sandbox_pod
 
 pytestmark = [pytest.mark.node, pytest.mark.timeout(900)]
-
-REPO = Path(__file__).resolve().parents[2]
-EXAMPLE = REPO / "deploy" / "examples" / "python-kernel.yaml"
-REPLICAS = 2
-
-
-def _http(method: str, url: str, body: dict | None = None, timeout: float = 30) -> tuple[int, dict]:
-    data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(
-        url, data=data, method=method, headers={"Content-Type": "application/json"}
-    )
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, json.loads(r.read() or b"{}")
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read() or b"{}")
-
-
-def run(ip: str, command: str) -> dict:
-    code, body = _http(
-        "POST", f"http://{ip}:8888/execute", {"command": command, "shell": True, "timeout": 30}
-    )
-    assert code == 200, body
-    return body
-
-
-def example_objects(image: str) -> tuple[dict, dict]:
-    docs = [d for d in yaml.safe_load_all(EXAMPLE.read_text()) if d]
-    tpl = copy.deepcopy(next(d for d in docs if d["kind"] == "SandboxTemplate"))
-    pool = copy.deepcopy(next(d for d in docs if d["kind"] == "SandboxWarmPool"))
-    for d in (tpl, pool):
-        d["metadata"].pop("namespace", None)
-    (c,) = tpl["spec"]["podTemplate"]["spec"]["containers"]
-    c["image"] = image
-    c["imagePullPolicy"] = "Never"
-    pool["spec"]["replicas"] = REPLICAS
-    return tpl, pool
-
-
-@pytest.fixture
-def kube(kube_node_cluster):
-    from kubernetes import client
-
-    api = kube_node_cluster.api_client()
-    ns = f"t-{uuid.uuid4().hex[:8]}"
-    core = client.CoreV1Api(api)
-    core.create_namespace({"metadata": {"name": ns}})
-    wait_for(lambda: core.read_namespaced_service_account("default", ns), 30, what="default SA")
-    yield Kube(api, ns)
-    try:
-        core.delete_namespace(ns)
-    except Exception:
-        pass
-    api.close()
-
-
-@pytest.fixture
-def host_pvs(kube, tmp_path):
-    """hostPath PVs, one directory each, writable by the runtime's uid 1000."""
-    made = []
-    for i in range(REPLICAS + 2):
-        d = tmp_path / f"pv{i}"
-        d.mkdir()
-        os.chown(d, 1000, 1000)
-        name = f"pv-{kube.ns}-{i}"
-        kube.core.create_persistent_volume(
-            {
-                "metadata": {"name": name},
-                "spec": {
-                    "capacity": {"storage": "1Gi"},
-                    "accessModes": ["ReadWriteOnce"],
-                    "persistentVolumeReclaimPolicy": "Retain",
-                    "hostPath": {"path": str(d), "type": "Directory"},
-                },
-            }
-        )
-        made.append(name)
-    yield made
-    for name in made:
-        try:
-            kube.core.delete_persistent_volume(name)
-        except Exception:
-            pass
-
-
-@pytest.fixture
-def operator(kube_node_cluster, kube, tmp_path):
-    p = OperatorProc(kube_node_cluster.kubeconfig, kube.ns, tmp_path / "operator.log").start()
-    yield p
-    p.stop()
-
-
-def sandbox_pod(kube: Kube, name: str):
-    from kubernetes import client
-
-    try:
-        return kube.core.read_namespaced_pod(name, kube.ns)
-    except client.ApiException as e:
-        if e.status == 404:
-            return None
-        raise
-
-
-def pod_ready(pod) -> bool:
-    conds = {c.type: c.status for c in (pod.status.conditions or [])} if pod else {}
-    return conds.get("Ready") == "True" and bool(pod.status.pod_ip)
 
 
 def test_pool_claim_suspend_resume_on_real_pods(kube_node_cluster, kube, host_pvs, operator):

@@ -1,0 +1,212 @@
+"""A notebook kernel in a real sandbox pod: the provisioner with the Kubernetes
+backend claims from a warm pool of real runtime pods (our operator), kernel
+traffic goes through the real router (resolving pod IPs from the API) to the
+runtime in the pod; suspend deletes the pod and keeps the PVC, resume brings a
+new pod on the same PVC (a file the kernel wrote is still there), shutdown
+deletes claim, sandbox, pod and service.  Then nbclient runs a notebook the same
+way."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.operator.conftest import CLAIM, POOL, SB, TPL, wait_for
+
+from .conftest import REPLICAS, REPO, example_objects, pod_ready, sandbox_pod
+
+pytestmark = [pytest.mark.node, pytest.mark.timeout(900)]
+
+SECRET = "real-node-router-secret-0123456789abcdef0123456789"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def router(kube_node_cluster, kube, tmp_path):
+    """``python -m jupyter_sandbox.router`` on loopback, resolving from the API."""
+    secret = tmp_path / "router-secret"
+    secret.write_text(SECRET)
+    port = _free_port()
+    log = open(tmp_path / "router.log", "wb")
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "jupyter_sandbox.router",
+            f"--port={port}",
+            "--address=127.0.0.1",
+            "--resolve=api",
+            f"--kubeconfig={kube_node_cluster.kubeconfig}",
+            f"--allowed-namespaces={kube.ns}",
+            f"--token-secret-file={secret}",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=REPO,
+        env=env,
+        start_new_session=True,
+    )
+    log.close()
+    deadline = time.monotonic() + 60
+    while True:
+        assert proc.poll() is None, (tmp_path / "router.log").read_text()
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            assert time.monotonic() < deadline, "router did not listen"
+            time.sleep(0.1)
+    yield f"http://127.0.0.1:{port}", secret
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
+
+
+@pytest.fixture
+def kernelspecs(kube_node_cluster, kube, router, tmp_path):
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    from jupyter_sandbox.kernelspec import make_kernelspec
+
+    url, secret = router
+    options = {
+        "namespace": kube.ns,
+        "kubeconfig": str(kube_node_cluster.kubeconfig),
+        "router_url": url,
+        "token_secret_file": str(secret),
+    }
+    kdir = tmp_path / "kernels" / "sbnode"
+    kdir.mkdir(parents=True)
+    spec = make_kernelspec("python", backend="kubernetes", backend_options=options)
+    (kdir / "kernel.json").write_text(json.dumps(spec))
+    return KernelSpecManager(kernel_dirs=[str(tmp_path / "kernels")])
+
+
+@pytest.fixture
+def warm_pool(kube_node_cluster, kube, host_pvs, operator):
+    tpl, pool = example_objects(kube_node_cluster.runtime_image)
+    kube.create(TPL, tpl)
+    kube.create(POOL, pool)
+    wait_for(
+        lambda: (kube.get(POOL, "python") or {}).get("status", {}).get("readyReplicas") == REPLICAS,
+        300,
+        interval=0.5,
+        what="warm pool Ready",
+    )
+    return {s["metadata"]["name"] for s in kube.list(SB)}
+
+
+async def _execute(kc, code: str) -> dict:
+    msg_id = kc.execute(code)
+    reply = await kc.get_shell_msg(timeout=120)
+    assert reply["parent_header"]["msg_id"] == msg_id
+    assert reply["content"]["status"] == "ok", reply["content"]
+    while True:
+        msg = await kc.get_iopub_msg(timeout=120)
+        if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "execute_result":
+            return msg["content"]["data"]
+
+
+async def test_kernel_in_real_pod_through_router(kube, warm_pool, kernelspecs):
+    from jupyter_client.manager import AsyncKernelManager
+
+    km = AsyncKernelManager(kernel_name="sbnode", kernel_spec_manager=kernelspecs)
+    t0 = time.perf_counter()
+    await km.start_kernel()
+    kc = km.client()
+    kc.start_channels()
+    await kc.wait_for_ready(timeout=120)
+    start_s = time.perf_counter() - t0
+    prov = km.provisioner
+    try:
+        (claim,) = kube.list(CLAIM)
+        sandbox = claim["status"]["sandbox"]["name"]
+        assert sandbox in warm_pool, "not adopted from the warm pool"
+        pod = sandbox_pod(kube, sandbox)
+        assert pod_ready(pod)
+
+        # the kernel really runs in the pod: its hostname is the pod's name,
+        # its uid the image's user, and it writes to the PVC-backed workspace
+        data = await _execute(
+            kc,
+            "import os, socket; open('/workspace/nb.txt', 'w').write('from the notebook'); "
+            "(socket.gethostname(), os.getuid(), os.getcwd())",
+        )
+        assert data["text/plain"] == repr((sandbox, 1000, "/workspace"))
+
+        # suspend (what the culler does): pod deleted, PVC kept
+        t1 = time.perf_counter()
+        await prov.suspend()
+        wait_for(lambda: sandbox_pod(kube, sandbox) is None, 120, what="pod deleted on suspend")
+        suspend_s = time.perf_counter() - t1
+        pvc = kube.core.read_namespaced_persistent_volume_claim(f"workspace-{sandbox}", kube.ns)
+        assert pvc.status.phase == "Bound"
+        assert await km.is_alive()
+
+        # resume: a new pod on the same PVC; the kernel is new, the file is not
+        t2 = time.perf_counter()
+        await prov.resume()
+        data = await _execute(kc, "open('/workspace/nb.txt').read()")
+        resume_s = time.perf_counter() - t2
+        assert data["text/plain"] == repr("from the notebook")
+        new = sandbox_pod(kube, sandbox)
+        assert new is not None and new.metadata.uid != pod.metadata.uid
+    finally:
+        kc.stop_channels()
+        await km.shutdown_kernel(now=True)
+
+    name = claim["metadata"]["name"]
+    wait_for(lambda: kube.get(CLAIM, name) is None, 60, what="claim deleted")
+    wait_for(lambda: kube.get(SB, sandbox) is None, 60, what="sandbox deleted")
+    wait_for(lambda: sandbox_pod(kube, sandbox) is None, 120, what="pod deleted")
+    from kubernetes import client
+
+    with pytest.raises(client.ApiException) as e:
+        kube.core.read_namespaced_service(sandbox, kube.ns)
+    assert e.value.status == 404
+    print(
+        f"\n[node] kernel start (warm claim + router + real pod) {start_s:.2f}s;"
+        f" suspend {suspend_s:.1f}s; resume to first reply {resume_s:.1f}s"
+    )
+
+
+async def test_nbclient_runs_a_notebook_in_a_real_pod(kube, warm_pool, kernelspecs, tmp_path):
+    import nbformat
+    from jupyter_client.manager import AsyncKernelManager
+    from nbclient import NotebookClient
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [
+        nbformat.v4.new_code_cell("import socket, sys\nhost = socket.gethostname()"),
+        nbformat.v4.new_code_cell("print(host.startswith('python-'), sys.version_info[:2])"),
+        nbformat.v4.new_code_cell("sum(range(10))"),
+    ]
+
+    class KM(AsyncKernelManager):  # nbclient makes (and owns, so shuts down) the manager
+        def __init__(self, **kw):
+            kw.setdefault("kernel_spec_manager", kernelspecs)
+            super().__init__(**kw)
+
+    client = NotebookClient(
+        nb, kernel_name="sbnode", kernel_manager_class=KM, timeout=120, cwd=str(tmp_path)
+    )
+    await client.async_execute()
+    assert nb.cells[1].outputs[0]["text"] == "True (3, 11)\n"
+    assert nb.cells[2].outputs[0]["data"]["text/plain"] == "45"
+    # nbclient shut the kernel down: its claim is gone
+    wait_for(lambda: not kube.list(CLAIM), 60, what="claim deleted after nbclient")
