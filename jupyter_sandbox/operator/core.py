@@ -164,7 +164,6 @@ class Informer:
             try:
                 rv = await self._relist()
                 self.synced.set()
-                backoff = 0.2
                 while not stop.is_set():
                     WATCH_RESTARTS.labels(self.res.plural).inc()
                     async for ev in self.client.watch(
@@ -178,21 +177,23 @@ class Informer:
                             raise ApiError(
                                 int(obj.get("code") or 500), obj, "WATCH", self.res.plural
                             )
+                        backoff = 0.2  # the watch works: the next failure starts over
                         rv = obj.get("metadata", {}).get("resourceVersion", rv)
                         if et == "BOOKMARK":
                             continue
                         self._apply(str(et), obj)
                         if stop.is_set():
                             break
+                    backoff = 0.2  # ended cleanly (server-side timeout)
             except asyncio.CancelledError:
                 raise
-            except ApiError as e:
-                if not e.gone:
-                    log.warning(
-                        "watch failed", extra={"resource": self.res.plural, "error": str(e)}
-                    )
-            except Exception as e:  # network trouble: relist after a pause
-                log.warning("watch failed", extra={"resource": self.res.plural, "error": repr(e)})
+            except Exception as e:  # API error or network trouble: relist after a pause
+                if isinstance(e, ApiError) and e.gone:
+                    continue  # resourceVersion too old: relist at once
+                # a LIST that works with a WATCH that keeps failing (429 while the API
+                # server initialises, 5xx, 403) must back off too, not relist in a loop
+                err = str(e) if isinstance(e, ApiError) else repr(e)
+                log.warning("watch failed", extra={"resource": self.res.plural, "error": err})
                 if await sleep_or_stop(stop, backoff):
                     return
                 backoff = min(backoff * 2, 10)
