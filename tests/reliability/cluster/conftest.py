@@ -74,9 +74,11 @@ def leftovers(
     bad: list[str] = []
     all_claims = {c["metadata"]["name"]: c for c in k.list(CLAIM)}
     sandboxes = {s["metadata"]["name"]: s for s in k.list(SB)}
-    pods = {p.metadata.name: p for p in k.pods()}
-    services = {s.metadata.name: s for s in k.core.list_namespaced_service(k.ns).items}
-    pvcs = {p.metadata.name: p for p in k.core.list_namespaced_persistent_volume_claim(k.ns).items}
+    core: Any = k.core
+    all_pods: Any = k.pods()
+    pods = {p.metadata.name: p for p in all_pods}
+    services = {s.metadata.name: s for s in core.list_namespaced_service(k.ns).items}
+    pvcs = {p.metadata.name: p for p in core.list_namespaced_persistent_volume_claim(k.ns).items}
 
     for name, c in all_claims.items():
         if name not in keep:
@@ -118,19 +120,19 @@ def leftovers(
     for pool, target in pools.items():
         if members.get(pool, 0) != target:
             bad.append(f"SandboxWarmPool/{pool}: {members.get(pool, 0)} members, target {target}")
-        p = k.get(POOL, pool)
-        ready = ((p or {}).get("status") or {}).get("readyReplicas")
+        pool_obj = k.get(POOL, pool)
+        ready = ((pool_obj or {}).get("status") or {}).get("readyReplicas")
         if ready != target:
             bad.append(f"SandboxWarmPool/{pool}: status.readyReplicas={ready}, target {target}")
 
     for name, pod in pods.items():
-        sb = sandboxes.get(name)
+        sb_of = sandboxes.get(name)
         refs = [r for r in pod.metadata.owner_references or [] if r.controller]
-        if sb is None:
+        if sb_of is None:
             bad.append(f"Pod/{name}: no sandbox")
-        elif not refs or refs[0].uid != sb["metadata"]["uid"]:
+        elif not refs or refs[0].uid != sb_of["metadata"]["uid"]:
             bad.append(f"Pod/{name}: not controlled by its sandbox")
-        elif (sb.get("spec") or {}).get("operatingMode") == "Suspended":
+        elif (sb_of.get("spec") or {}).get("operatingMode") == "Suspended":
             bad.append(f"Pod/{name}: running for a Suspended sandbox")
         elif pod.metadata.deletion_timestamp:
             bad.append(f"Pod/{name}: being deleted")

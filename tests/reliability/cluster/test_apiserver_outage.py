@@ -102,7 +102,7 @@ async def test_apiserver_unavailable_30s(kube_cluster, kube, plane, tmp_path):
 
     # namespace A: operator with leader election; namespace B: without
     ns_b = f"t-{uuid.uuid4().hex[:8]}"
-    core = client.CoreV1Api(kube.api_client)
+    core: Any = client.CoreV1Api(kube.api_client)
     core.create_namespace({"metadata": {"name": ns_b}})
     wait_for(lambda: core.read_namespaced_service_account("default", ns_b), 30)
     kube_b = Kube(kube.api_client, ns_b)
@@ -215,9 +215,9 @@ async def _run(cp, kube, kube_b, plane, plane_b, sup_a, sup_b) -> None:
     assert [rc for _, rc in sup_a.exits] == [1], "leader-elected operator: exactly one exit"
     assert sup_a.exits[0][0] - t_down < 10, "it gave up leadership within the renew deadline"
     assert sup_b.exits == [], "without leader election the operator never exits"
-    for ns, n in retries.items():
+    for ns, count in retries.items():
         # capped exponential back-off: 8 informers retrying for 30 s, not a hot loop
-        assert n < 40 * OUTAGE / 30 * 8, (ns, n)
+        assert count < 40 * OUTAGE / 30 * 8, (ns, count)
     leaked = sum(1 for c in await plane.list_claims() if c.name not in held[kube.ns][1])
     assert leaked == 0
 

@@ -62,7 +62,8 @@ class Chaos:
 
 
 def _pods_of(kube: Kube, names: list[str]) -> str:
-    present = {p.metadata.name for p in kube.pods()}
+    pods: Any = kube.pods()
+    present = {p.metadata.name for p in pods}
     return f"pods present {sum(n in present for n in names)}/{len(names)}"
 
 
