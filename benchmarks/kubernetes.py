@@ -57,6 +57,7 @@ class Options:
     upstream: Path | None
     upstream_note: str = ""
     profile: Path | None = None  # py-spy the operator during the largest burst
+    rounds: int = 1  # bursts per controller and N, in alternating order
 
 
 # --------------------------------------------------------------------------- availability
@@ -559,21 +560,25 @@ def _py_spy(pid: int, out: Path) -> subprocess.Popen[bytes] | None:
 
 def burst_figures(results: list[BurstResult]) -> list[Figure]:
     figures = []
-    by = {(r.controller, r.n): r for r in results}
     for n in sorted({r.n for r in results}):
-        sub, base = by.get(("ours", n)), by.get(("upstream", n))
-        if sub is None or base is None:
+        sub = [r for r in results if r.n == n and r.controller == "ours"]
+        base = [r for r in results if r.n == n and r.controller == "upstream"]
+        if not sub or not base:
             continue
+
+        def mean(rs: list[BurstResult], attr: str) -> float:
+            return sum(getattr(r, attr) for r in rs) / len(rs)
+
         notes = (
-            f"pool fill {sub.pool_fill_s:.1f}s vs {base.pool_fill_s:.1f}s; creates took "
-            f"{sub.created_s:.2f}s vs {base.created_s:.2f}s; not Ready: "
-            f"{sub.not_ready} vs {base.not_ready}"
+            f"pool fill {mean(sub, 'pool_fill_s'):.1f}s vs {mean(base, 'pool_fill_s'):.1f}s; "
+            f"creates took {mean(sub, 'created_s'):.2f}s vs {mean(base, 'created_s'):.2f}s; "
+            f"not Ready: {sum(r.not_ready for r in sub)} vs {sum(r.not_ready for r in base)}"
         )
         figures.append(
             Figure(
                 f"claim burst N={n}: claims/s (first create to last Ready)",
-                Series("our operator", "claims/s", [sub.claims_per_s]),
-                Series("upstream controller", "claims/s", [base.claims_per_s]),
+                Series("our operator", "claims/s", [r.claims_per_s for r in sub]),
+                Series("upstream controller", "claims/s", [r.claims_per_s for r in base]),
                 ">= 1x",
                 higher_is_better=True,
                 notes=notes,
@@ -582,8 +587,8 @@ def burst_figures(results: list[BurstResult]) -> list[Figure]:
         figures.append(
             Figure(
                 f"claim burst N={n}: claim create to Ready latency",
-                Series("our operator", "ms", sub.latencies_ms),
-                Series("upstream controller", "ms", base.latencies_ms),
+                Series("our operator", "ms", [x for r in sub for x in r.latencies_ms]),
+                Series("upstream controller", "ms", [x for r in base for x in r.latencies_ms]),
                 "p90 <= upstream p90",
                 notes=notes,
             )
@@ -611,25 +616,30 @@ async def _run(cp: Any, opts: Options, workdir: Path) -> list[Figure]:
         figures += await latency_figures(api, cp.kubeconfig, workdir, opts.reps)
         print(f"[kubernetes] latency figures in {time.monotonic() - t:.0f}s", file=sys.stderr)
         results: list[BurstResult] = []
-        for n in opts.bursts:
+        for i, n in enumerate(opts.bursts):
             labels = (["upstream"] if opts.upstream is not None else []) + ["ours"]
-            for label in labels:
-                t = time.monotonic()
-                prof = opts.profile if (label == "ours" and n == max(opts.bursts)) else None
-                r = await burst(api, _maker(label, opts, cp.kubeconfig, workdir, n), label, n, prof)
-                results.append(r)
-                lat = Series("", "ms", r.latencies_ms)
-                print(
-                    f"[kubernetes] burst {label} N={n}: {r.claims_per_s:.1f} claims/s, "
-                    f"p90 {lat.p90:.0f} ms, pool fill {r.pool_fill_s:.1f}s, "
-                    f"not Ready {r.not_ready} ({time.monotonic() - t:.0f}s)",
-                    file=sys.stderr,
-                )
+            for r in range(opts.rounds):
+                # alternate who goes first (ABBA...), so drifting machine load does
+                # not favour one controller
+                for label in labels if (i + r) % 2 == 0 else labels[::-1]:
+                    t = time.monotonic()
+                    last = n == max(opts.bursts) and r == opts.rounds - 1
+                    prof = opts.profile if (label == "ours" and last) else None
+                    make = _maker(label, opts, cp.kubeconfig, workdir, n)
+                    res = await burst(api, make, label, n, prof)
+                    results.append(res)
+                    lat = Series("", "ms", res.latencies_ms)
+                    print(
+                        f"[kubernetes] burst {label} N={n}: {res.claims_per_s:.1f} claims/s, "
+                        f"p90 {lat.p90:.0f} ms, pool fill {res.pool_fill_s:.1f}s, "
+                        f"not Ready {res.not_ready} ({time.monotonic() - t:.0f}s)",
+                        file=sys.stderr,
+                    )
         if opts.upstream is None:
-            for r in results:
-                lat = Series("our operator", "ms", r.latencies_ms)
+            for res in results:
+                lat = Series("our operator", "ms", res.latencies_ms)
                 print(
-                    f"[kubernetes] our operator alone, N={r.n}: {r.claims_per_s:.1f} claims/s, "
+                    f"[kubernetes] our operator alone, N={res.n}: {res.claims_per_s:.1f} claims/s, "
                     f"latency median {lat.median:.0f} ms, p90 {lat.p90:.0f} ms"
                 )
         figures += burst_figures(results)
