@@ -6,6 +6,10 @@ from __future__ import annotations
 import copy
 import json
 import os
+import socket
+import subprocess
+import sys
+import time
 import urllib.error
 import urllib.request
 import uuid
@@ -121,3 +125,83 @@ def sandbox_pod(kube: Kube, name: str):
 def pod_ready(pod) -> bool:
     conds = {c.type: c.status for c in (pod.status.conditions or [])} if pod else {}
     return conds.get("Ready") == "True" and bool(pod.status.pod_ip)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def router_factory(kube_node_cluster, kube, tmp_path):
+    """``python -m jupyter_sandbox.router`` on loopback, resolving sandboxes from the
+    API (their pod IPs); with a secret it requires scoped tokens, without one it
+    admits every caller (the upstream router's behaviour)."""
+    procs: list[subprocess.Popen] = []
+
+    def start(secret: str | None = None) -> tuple[str, Path | None]:
+        args = [
+            sys.executable,
+            "-m",
+            "jupyter_sandbox.router",
+            "--address=127.0.0.1",
+            "--resolve=api",
+            f"--kubeconfig={kube_node_cluster.kubeconfig}",
+            f"--allowed-namespaces={kube.ns}",
+        ]
+        secret_file = None
+        if secret:
+            secret_file = tmp_path / f"router-secret-{len(procs)}"
+            secret_file.write_text(secret)
+            args.append(f"--token-secret-file={secret_file}")
+        port = _free_port()
+        args.append(f"--port={port}")
+        log_path = tmp_path / f"router-{len(procs)}.log"
+        env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(
+                args,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=REPO,
+                env=env,
+                start_new_session=True,
+            )
+        procs.append(proc)
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, log_path.read_text()
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "router did not listen"
+                time.sleep(0.1)
+        return f"http://127.0.0.1:{port}", secret_file
+
+    yield start
+    for proc in procs:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
+@pytest.fixture
+def warm_pool(kube_node_cluster, kube, host_pvs, operator):
+    """The example template and pool (``python``), all members Ready; their names."""
+    from tests.operator.conftest import POOL, SB, TPL
+
+    tpl, pool = example_objects(kube_node_cluster.runtime_image)
+    kube.create(TPL, tpl)
+    kube.create(POOL, pool)
+    wait_for(
+        lambda: (kube.get(POOL, "python") or {}).get("status", {}).get("readyReplicas") == REPLICAS,
+        300,
+        interval=0.5,
+        what="warm pool Ready",
+    )
+    return {s["metadata"]["name"] for s in kube.list(SB)}

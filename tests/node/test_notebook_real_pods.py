@@ -9,72 +9,22 @@ way."""
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
 import time
 
 import pytest
 
-from tests.operator.conftest import CLAIM, POOL, SB, TPL, wait_for
+from tests.operator.conftest import CLAIM, SB, wait_for
 
-from .conftest import REPLICAS, REPO, example_objects, pod_ready, sandbox_pod
+from .conftest import pod_ready, sandbox_pod
 
 pytestmark = [pytest.mark.node, pytest.mark.timeout(900)]
 
 SECRET = "real-node-router-secret-0123456789abcdef0123456789"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
-def router(kube_node_cluster, kube, tmp_path):
-    """``python -m jupyter_sandbox.router`` on loopback, resolving from the API."""
-    secret = tmp_path / "router-secret"
-    secret.write_text(SECRET)
-    port = _free_port()
-    log = open(tmp_path / "router.log", "wb")
-    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "jupyter_sandbox.router",
-            f"--port={port}",
-            "--address=127.0.0.1",
-            "--resolve=api",
-            f"--kubeconfig={kube_node_cluster.kubeconfig}",
-            f"--allowed-namespaces={kube.ns}",
-            f"--token-secret-file={secret}",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        cwd=REPO,
-        env=env,
-        start_new_session=True,
-    )
-    log.close()
-    deadline = time.monotonic() + 60
-    while True:
-        assert proc.poll() is None, (tmp_path / "router.log").read_text()
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            assert time.monotonic() < deadline, "router did not listen"
-            time.sleep(0.1)
-    yield f"http://127.0.0.1:{port}", secret
-    proc.terminate()
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(5)
+def router(router_factory):
+    return router_factory(SECRET)
 
 
 @pytest.fixture
@@ -95,20 +45,6 @@ def kernelspecs(kube_node_cluster, kube, router, tmp_path):
     spec = make_kernelspec("python", backend="kubernetes", backend_options=options)
     (kdir / "kernel.json").write_text(json.dumps(spec))
     return KernelSpecManager(kernel_dirs=[str(tmp_path / "kernels")])
-
-
-@pytest.fixture
-def warm_pool(kube_node_cluster, kube, host_pvs, operator):
-    tpl, pool = example_objects(kube_node_cluster.runtime_image)
-    kube.create(TPL, tpl)
-    kube.create(POOL, pool)
-    wait_for(
-        lambda: (kube.get(POOL, "python") or {}).get("status", {}).get("readyReplicas") == REPLICAS,
-        300,
-        interval=0.5,
-        what="warm pool Ready",
-    )
-    return {s["metadata"]["name"] for s in kube.list(SB)}
 
 
 async def _execute(kc, code: str) -> dict:
