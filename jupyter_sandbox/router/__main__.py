@@ -107,6 +107,10 @@ async def serve(args: argparse.Namespace) -> None:
             authority = TokenAuthority(handle.read().strip())
 
     lookup, resolver = await asyncio.to_thread(make_lookup, args)
+    # Listen only once the Sandbox cache is filled: before that every known sandbox
+    # would be routed by its DNS name, and a caller's X-Sandbox-Pod-IP refused.
+    if resolver is not None and not await asyncio.to_thread(resolver.wait_synced, 60.0):
+        log.warning("the Sandbox cache did not sync in 60 s; routing by DNS until it does")
     ctx = RouterContext(
         lookup=lookup, authority=authority, default_namespace=args.default_namespace
     )
