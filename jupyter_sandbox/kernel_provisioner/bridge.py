@@ -136,7 +136,7 @@ class Bridge:
             except ValueError:
                 continue
             if idents:
-                self._routes[str(head.get("msg_id"))] = idents[0]
+                self._routes[str(head.get("msg_id"))] = bytes(idents[0])
                 while len(self._routes) > MAX_ROUTES:
                     self._routes.popitem(last=False)
             if not await self._on_client_request(channel, head):
@@ -265,7 +265,7 @@ class Bridge:
         if isinstance(message, str):
             return
         try:
-            channel, parts = framing.decode(message)
+            channel, parts = framing.decode_views(message)
         except framing.FramingError as exc:
             log.warning("bad frame from sandbox: %s", exc)
             return
@@ -296,9 +296,9 @@ class Bridge:
         if reply_socket is not None:
             send_now(reply_socket, [ident, DELIM, signature, *parts])
 
-    def _on_event(self, parts: list[bytes]) -> None:
+    def _on_event(self, parts: list[memoryview]) -> None:
         try:
-            event = json.loads(parts[0])
+            event = json.loads(bytes(parts[0]))
         except (ValueError, IndexError):
             return
         if event.get("event") != "kernel_state":

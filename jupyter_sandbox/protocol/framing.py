@@ -39,7 +39,16 @@ def encode(channel: str, parts: Sequence[bytes | memoryview]) -> bytes:
 
 
 def decode(frame: bytes) -> tuple[str, list[bytes]]:
-    """Unpack a binary frame into its channel name and message parts."""
+    """Unpack a binary frame into its channel name and message parts (copies)."""
+    channel, views = decode_views(frame)
+    return channel, [bytes(view) for view in views]
+
+
+def decode_views(frame: bytes) -> tuple[str, list[memoryview]]:
+    """Like ``decode``, but the parts are views into ``frame``: nothing is copied.
+
+    Large outputs (a 50 MB buffer) pass through the bridge this way untouched.
+    """
     size = len(frame)
     if size < 8:
         raise FramingError("frame shorter than its offset count")
@@ -59,6 +68,5 @@ def decode(frame: bytes) -> tuple[str, list[bytes]]:
         channel = bytes(view[offsets[0] : offsets[1]]).decode("utf-8")
     except UnicodeDecodeError as exc:
         raise FramingError("channel name is not UTF-8") from exc
-    parts = [bytes(view[offsets[i] : offsets[i + 1]]) for i in range(1, count - 1)]
     # Bytes after the last offset belong to no part (jupyter_server's encoder never writes any).
-    return channel, parts
+    return channel, [view[offsets[i] : offsets[i + 1]] for i in range(1, count - 1)]

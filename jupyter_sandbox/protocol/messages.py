@@ -11,7 +11,7 @@ from typing import Any
 DELIM = b"<IDS|MSG>"
 
 
-def sign(key: bytes, parts: Sequence[bytes]) -> bytes:
+def sign(key: bytes, parts: Sequence[bytes | memoryview]) -> bytes:
     """HMAC-SHA256 hex digest over header, parent_header, metadata and content."""
     if not key:
         return b""
@@ -21,7 +21,9 @@ def sign(key: bytes, parts: Sequence[bytes]) -> bytes:
     return mac.hexdigest().encode("ascii")
 
 
-def split_zmq(frames: Sequence[bytes]) -> tuple[list[bytes], bytes, list[bytes]]:
+def split_zmq(
+    frames: Sequence[bytes | memoryview],
+) -> tuple[list[bytes | memoryview], bytes | memoryview, list[bytes | memoryview]]:
     """Split a ZMQ multipart message into (identities, signature, parts)."""
     try:
         index = frames.index(DELIM)
@@ -32,24 +34,27 @@ def split_zmq(frames: Sequence[bytes]) -> tuple[list[bytes], bytes, list[bytes]]
     return list(frames[:index]), frames[index + 1], list(frames[index + 2 :])
 
 
-def verify(key: bytes, signature: bytes, parts: Sequence[bytes]) -> bool:
+def verify(key: bytes, signature: bytes | memoryview, parts: Sequence[bytes | memoryview]) -> bool:
     """Check a message's signature in constant time."""
     if not key:
         return True
     return hmac.compare_digest(sign(key, parts), signature)
 
 
-def header(parts: Sequence[bytes]) -> dict[str, Any]:
+def header(parts: Sequence[bytes | memoryview]) -> dict[str, Any]:
     """Decode only the header part."""
-    return json.loads(parts[0])
+    return json.loads(bytes(parts[0]))
 
 
-def parent_msg_id(parts: Sequence[bytes]) -> str | None:
+def parent_msg_id(parts: Sequence[bytes | memoryview]) -> str | None:
     """The msg_id of the message this one answers, if any."""
-    if len(parts) < 2 or parts[1] in (b"{}", b""):
+    if len(parts) < 2:
+        return None
+    raw = bytes(parts[1])
+    if raw in (b"{}", b""):
         return None
     try:
-        parent = json.loads(parts[1])
+        parent = json.loads(raw)
     except ValueError:
         return None
     value = parent.get("msg_id") if isinstance(parent, dict) else None

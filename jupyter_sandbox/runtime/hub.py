@@ -91,7 +91,7 @@ class ChannelHub:
         while len(self._requests) > MAX_TRACKED_REQUESTS:
             self._requests.popitem(last=False)
 
-    def publish(self, channel: str, parts: list[bytes]) -> None:
+    def publish(self, channel: str, parts: list[bytes | memoryview]) -> None:
         """Send a kernel message to its client(s), keeping it for replay."""
         frame = framing.encode(channel, parts)
         try:

@@ -21,10 +21,11 @@ from ..protocol.zmqsend import send_now
 
 log = logging.getLogger(__name__)
 
-MessageSink = Callable[[str, list[bytes]], None]
+MessageSink = Callable[[str, list[bytes | memoryview]], None]
 StateSink = Callable[["KernelState"], None]
 
 READY_TIMEOUT = 60.0
+ZERO_COPY_BYTES = 64 * 1024
 
 
 @dataclass
@@ -221,9 +222,11 @@ class KernelHost:
     async def _read(self, channel: str, sock: zmq.asyncio.Socket) -> None:
         while True:
             try:
-                frames = await sock.recv_multipart(copy=True)
+                received = await sock.recv_multipart(copy=False)
             except (asyncio.CancelledError, zmq.ZMQError):
                 return
+            # Large parts (output, buffers) stay in zmq's memory until the frame is built.
+            frames = [f.buffer if len(f) > ZERO_COPY_BYTES else f.bytes for f in received]
             try:
                 _, _, parts = split_zmq(frames)
             except ValueError:
@@ -245,11 +248,11 @@ class KernelHost:
                 continue
             self._on_message(channel, parts)
 
-    def _observe(self, channel: str, parts: list[bytes]) -> None:
+    def _observe(self, channel: str, parts: list[bytes | memoryview]) -> None:
         self.state.last_activity = time.time()
-        if channel == "iopub" and b'"status"' in parts[0][:400]:
+        if channel == "iopub" and b'"status"' in bytes(parts[0][:400]):
             try:
-                content = json.loads(parts[3])
+                content = json.loads(bytes(parts[3]))
                 self.state.execution_state = str(content.get("execution_state", "idle"))
             except ValueError:
                 pass
