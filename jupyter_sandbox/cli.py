@@ -13,6 +13,12 @@ from typing import Any
 from .control_plane.base import ClaimError
 
 MANAGER_CLASS = "jupyter_sandbox.kernel_provisioner.manager.SandboxKernelManager"
+# Subcommands that are programs of their own, with their own options.
+PASSTHROUGH = {
+    "operator": "jupyter_sandbox.operator.__main__",
+    "router": "jupyter_sandbox.router.__main__",
+    "runtime": "jupyter_sandbox.runtime.__main__",
+}
 
 
 def _run(coro: Coroutine[Any, Any, int]) -> int:
@@ -204,17 +210,11 @@ def cmd_daemon(args: argparse.Namespace) -> int:
 
 
 def cmd_passthrough(args: argparse.Namespace) -> int:
-    if args.command == "operator":
-        from .operator.__main__ import main as operator_main
+    """Only reached for ``--help`` listings; ``main`` hands these over before parsing."""
+    import importlib
 
-        return int(operator_main(args.rest) or 0)
-    if args.command == "router":
-        from .router.__main__ import main as router_main
-
-        return int(router_main(args.rest) or 0)
-    from .runtime.__main__ import main as runtime_main
-
-    return int(runtime_main(args.rest) or 0)
+    module = importlib.import_module(PASSTHROUGH[args.command])
+    return int(module.main(args.rest) or 0)
 
 
 def _table(rows: list[dict[str, Any]], columns: list[str]) -> None:
@@ -296,6 +296,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    # These take their own options: argparse's REMAINDER would swallow or refuse
+    # leading ``--flags`` (``jupyter-sandbox operator --leader-elect``), so hand over.
+    if argv and argv[0] in PASSTHROUGH:
+        import importlib
+
+        module = importlib.import_module(PASSTHROUGH[argv[0]])
+        return int(module.main(argv[1:]) or 0)
     args = build_parser().parse_args(argv)
     return int(args.func(args))
 

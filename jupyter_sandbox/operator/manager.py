@@ -217,6 +217,9 @@ class Operator:
                 pass
         runner = await self._metrics_server()
         tasks = [asyncio.create_task(i.run(self.stop)) for i in self.informers]
+        # Ready means "caches synced, can take over", leader or standby: a Deployment
+        # of two replicas must become Available although only one of them leads.
+        tasks.append(asyncio.create_task(self._ready_when_synced()))
         elector = None
         rc = 0
         try:
@@ -259,6 +262,11 @@ class Operator:
             await self.client.close()
             log.info("operator stopped", extra={"rc": rc})
         return rc
+
+    async def _ready_when_synced(self) -> None:
+        await self._wait_synced()
+        if not self.stop.is_set():
+            self.ready = True
 
     async def _wait_synced(self) -> None:
         waits = [asyncio.create_task(i.synced.wait()) for i in self.informers]

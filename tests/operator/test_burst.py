@@ -3,7 +3,9 @@ without the operator being killed mid-burst; and two replicas at once."""
 
 from __future__ import annotations
 
+import socket
 import time
+import urllib.request
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
@@ -145,7 +147,20 @@ def test_operator_killed_mid_burst_converges(kube, operator_factory):
 def test_two_replicas_one_leader_and_failover(kube, operator_factory):
     a = operator_factory(identity="replica-a")
     wait_for(lambda: "became leader" in a.logs(), 30, what="a leads")
-    b = operator_factory(identity="replica-b")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    b = operator_factory(f"--metrics-bind-address=127.0.0.1:{port}", identity="replica-b")
+
+    def standby_ready() -> bool:
+        # A Deployment of two replicas is Available only if the standby is ready too.
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    wait_for(standby_ready, 30, what="the standby replica reports ready")
     kube.create(TPL, template_body("python"))
     kube.create(POOL, pool_body(replicas=5))
     wait_for(lambda: kube.get(POOL, "pool").get("status", {}).get("readyReplicas") == 5, 60)
