@@ -304,7 +304,16 @@ def main(argv: list[str] | None = None) -> int:
 
         module = importlib.import_module(PASSTHROUGH[argv[0]])
         return int(module.main(argv[1:]) or 0)
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    # `lab` and `daemon run` pass options on; argparse's REMAINDER does not take ones
+    # that come first (`jupyter-sandbox lab --port 9999`), so they arrive as unknown.
+    if unknown and args.command == "lab":
+        args.lab_args = [*unknown, *args.lab_args]
+    elif unknown and args.command == "daemon" and args.daemon_cmd == "run":
+        args.daemon_args = [*unknown, *args.daemon_args]
+    elif unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     return int(args.func(args))
 
 

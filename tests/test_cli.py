@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import uuid
+from pathlib import Path
 
 import pytest
+from tornado import httpclient
+
+from .helpers import Server, free_port, start_kernel, wait_for
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -40,3 +45,53 @@ def test_bad_input_is_a_clear_error() -> None:
     assert "Traceback" not in result.stderr
     result = cli("frobnicate")
     assert result.returncode == 2 and "invalid choice" in result.stderr
+
+
+@pytest.mark.usefixtures("warm_daemon")
+async def test_jupyter_sandbox_lab_serves_sandboxed_kernels(tmp_path: Path) -> None:
+    """The README's run command: JupyterLab, sandbox kernelspecs, the culling-aware manager."""
+    port = free_port()
+    token = uuid.uuid4().hex
+    log = tmp_path / "lab.log"
+    with open(log, "wb") as handle:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "jupyter_sandbox.cli",
+                "lab",
+                "--no-browser",
+                f"--port={port}",
+                "--ServerApp.ip=127.0.0.1",
+                "--allow-root",
+                f"--IdentityProvider.token={token}",
+                f"--ServerApp.root_dir={tmp_path}",
+            ],
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+        )
+    server = Server(f"http://127.0.0.1:{port}", token, proc, tmp_path, log)
+    try:
+
+        async def up() -> bool:
+            try:
+                return bool(await server.request("GET", "/api/status"))
+            except (OSError, ValueError):
+                return False
+
+        await wait_for(up, 90)
+        specs = await server.request("GET", "/api/kernelspecs")
+        spec = specs["kernelspecs"]["sandbox-default"]["spec"]
+        assert spec["display_name"] == "Python 3 (sandbox: default)"
+        assert spec["metadata"]["kernel_provisioner"]["provisioner_name"] == "sandbox-provisioner"
+        page = await httpclient.AsyncHTTPClient().fetch(f"{server.url}/lab?token={token}")
+        assert b"JupyterLab" in page.body
+        kernel_id = await start_kernel(server)
+        model = await server.request("GET", f"/api/sandbox/kernels/{kernel_id}", expect=200)
+        assert model["sandbox"]["pool"] == "default"
+        # suspend/resume exist only with the culling-aware kernel manager `lab` selects
+        await server.request("POST", f"/api/sandbox/kernels/{kernel_id}/suspend", expect=200)
+        await server.request("DELETE", f"/api/kernels/{kernel_id}", expect=204)
+    finally:
+        proc.terminate()
+        proc.wait(30)
