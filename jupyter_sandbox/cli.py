@@ -209,12 +209,12 @@ def cmd_daemon(args: argparse.Namespace) -> int:
     return _run(go())
 
 
-def cmd_passthrough(args: argparse.Namespace) -> int:
-    """Only reached for ``--help`` listings; ``main`` hands these over before parsing."""
+def run_program(name: str, argv: list[str]) -> int:
+    """Hand the rest of the command line to one of the PASSTHROUGH programs."""
     import importlib
 
-    module = importlib.import_module(PASSTHROUGH[args.command])
-    return int(module.main(args.rest) or 0)
+    module = importlib.import_module(PASSTHROUGH[name])
+    return int(module.main(argv) or 0)
 
 
 def _table(rows: list[dict[str, Any]], columns: list[str]) -> None:
@@ -291,7 +291,7 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         passthrough = sub.add_parser(name, help=text, add_help=False)
         passthrough.add_argument("rest", nargs=argparse.REMAINDER)
-        passthrough.set_defaults(func=cmd_passthrough)
+        passthrough.set_defaults(func=lambda args: run_program(args.command, args.rest))
     return parser
 
 
@@ -300,10 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     # These take their own options: argparse's REMAINDER would swallow or refuse
     # leading ``--flags`` (``jupyter-sandbox operator --leader-elect``), so hand over.
     if argv and argv[0] in PASSTHROUGH:
-        import importlib
-
-        module = importlib.import_module(PASSTHROUGH[argv[0]])
-        return int(module.main(argv[1:]) or 0)
+        return run_program(argv[0], argv[1:])
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
     # `lab` and `daemon run` pass options on; argparse's REMAINDER does not take ones

@@ -13,9 +13,11 @@ local bridge, keeps the claim across restarts and releases it in
 
 from __future__ import annotations
 
+import asyncio
 import getpass
 import logging
 import os
+import signal
 from typing import Any
 
 from jupyter_client.connect import KernelConnectionInfo
@@ -132,8 +134,6 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
         return self._session.poll()
 
     async def wait(self) -> int | None:
-        import asyncio
-
         while True:
             code = await self.poll()
             if code is not None:
@@ -144,19 +144,16 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
         if self._session is not None:
             await background().run(self._session.signal(signum))
 
+    # kill/terminate act on the kernel process only and ignore ``restart`` (jupyter_client
+    # does not always pass it right); the claim is released only in cleanup(restart=False).
     async def kill(self, restart: bool = False) -> None:
         if self._session is not None:
             await background().run(self._session.kill())
 
     async def terminate(self, restart: bool = False) -> None:
         # SIGTERM lets the kernel exit cleanly; poll() tells when it is gone.
-        import signal
-
         if self._session is not None and not self._session.suspended:
             await self.send_signal(signal.SIGTERM)
-
-    async def shutdown_requested(self, restart: bool = False) -> None:
-        self._restart_requested = restart
 
     async def cleanup(self, restart: bool = False) -> None:
         if restart or self._session is None:
