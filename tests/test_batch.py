@@ -37,6 +37,7 @@ def run(kernel_name: str, cwd: Path) -> list[list[dict[str, Any]]]:
         kernel_name=kernel_name,
         allow_errors=True,
         timeout=120,
+        iopub_timeout=30,  # a loaded CI machine can lag behind the 4 s default
         resources={"metadata": {"path": str(cwd)}},
     )
     client.execute()

@@ -139,7 +139,12 @@ async def test_nbclient_runs_a_notebook_in_a_real_pod(kube, warm_pool, kernelspe
             super().__init__(**kw)
 
     client = NotebookClient(
-        nb, kernel_name="sbnode", kernel_manager_class=KM, timeout=120, cwd=str(tmp_path)
+        nb,
+        kernel_name="sbnode",
+        kernel_manager_class=KM,
+        timeout=120,
+        iopub_timeout=30,
+        cwd=str(tmp_path),
     )
     await client.async_execute()
     assert nb.cells[1].outputs[0]["text"] == "True (3, 11)\n"

@@ -34,7 +34,11 @@ def notebook(index: int) -> nbformat.NotebookNode:
 
 async def run_one(index: int) -> nbformat.NotebookNode:
     nb = notebook(index)
-    client = NotebookClient(nb, kernel_name="sandbox-default", timeout=300, startup_timeout=300)
+    # iopub_timeout: how long nbclient waits for the output that trails an execute_reply.
+    # Its 4 s default is for an idle machine; 50 kernels on 2 cores can lag longer.
+    client = NotebookClient(
+        nb, kernel_name="sandbox-default", timeout=300, startup_timeout=300, iopub_timeout=120
+    )
     await client.async_execute()
     return nb
 
@@ -51,7 +55,8 @@ async def test_fifty_notebooks_at_once_through_one_router() -> None:
         outputs = [cell.outputs for cell in nb.cells]
         assert outputs[0][0]["text"] == f"notebook {index}\n"
         assert outputs[1][0]["text"].strip() == hashlib.sha256(str(index).encode()).hexdigest()
-        assert outputs[2][0]["text"] == "x" * 200_000 + "\n"
+        # ipykernel may flush one print as several stream messages when it is busy
+        assert "".join(out["text"] for out in outputs[2]) == "x" * 200_000 + "\n"
         assert outputs[3][0]["data"]["text/plain"] == str(index * 2)
     after = router.memory_info().rss / 1e6
     print(f"\n{NOTEBOOKS} notebooks in {elapsed:.1f}s; router RSS {before:.0f} -> {after:.0f} MB")
