@@ -119,7 +119,7 @@ def node_dir() -> Path:
 
 
 def cmd_node_up(args: argparse.Namespace) -> int:
-    from .node import Node, missing_node_parts
+    from .node import Node, default_node_ip, missing_node_parts
 
     st = _read_node_state()
     if st and all(_alive(p) for p in st["pids"].values()):
@@ -133,12 +133,14 @@ def cmd_node_up(args: argparse.Namespace) -> int:
     d = node_dir()
     d.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
-    cp = ControlPlane(workdir=d / "controlplane", with_kwok=False)
+    cp = ControlPlane(
+        workdir=d / "controlplane", with_kwok=False, pod_reachable_address=default_node_ip()
+    )
     cp.start()
     (d / "controlplane.json").write_text(
         json.dumps({"workdir": str(cp.workdir), "pids": {n: p.pid for n, p in cp.procs.items()}})
     )
-    node = Node(cp, workdir=d / "node")
+    node = Node(cp, workdir=d / "node", kube_proxy=True)
     try:
         node.start()
     except BaseException:

@@ -29,6 +29,9 @@ from pathlib import Path
 
 K8S_VERSION = os.environ.get("K8S_VERSION", "1.36.3")
 REQUIRED = ("etcd", "kube-apiserver", "kube-controller-manager")
+SERVICE_CIDR = "10.0.0.0/24"
+# the ClusterIP of the default `kubernetes` Service: the first address of the range
+KUBERNETES_SERVICE_IP = str(next(ipaddress.ip_network(SERVICE_CIDR).hosts()))
 OPTIONAL = ("kube-scheduler", "kwok")
 
 
@@ -65,8 +68,9 @@ def free_port() -> int:
 # --------------------------------------------------------------------------- certs
 
 
-def _write_pki(d: Path) -> None:
-    """Self-signed CA, an apiserver serving cert for 127.0.0.1, and an SA key pair."""
+def _write_pki(d: Path, extra_ips: tuple[str, ...] = ()) -> None:
+    """Self-signed CA, an apiserver serving cert for 127.0.0.1 (and ``extra_ips``),
+    and an SA key pair."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec, rsa
@@ -122,8 +126,12 @@ def _write_pki(d: Path) -> None:
             x509.SubjectAlternativeName(
                 [
                     x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+                    *(x509.IPAddress(ipaddress.ip_address(ip)) for ip in extra_ips),
                     x509.DNSName("localhost"),
+                    x509.DNSName("kubernetes"),
+                    x509.DNSName("kubernetes.default"),
                     x509.DNSName("kubernetes.default.svc"),
+                    x509.DNSName("kubernetes.default.svc.cluster.local"),
                 ]
             ),
             critical=False,
@@ -158,6 +166,13 @@ class ControlPlane:
     nodes: int = 1
     workdir: Path | None = None
     log_to_files: bool = True
+    # for a real node whose pods use the API (in-cluster clients): a host address
+    # the pods reach (the node's bridge address).  The API server then listens on
+    # all addresses (the bridge may not exist yet), advertises this one (the lease
+    # endpoint reconciler points the `kubernetes` Service at it), has it and the
+    # Service's ClusterIP in its certificate, and the controller manager also runs
+    # what Deployments and service-account tokens in pods need.
+    pod_reachable_address: str = ""
 
     url: str = ""
     token: str = ""
@@ -197,7 +212,11 @@ class ControlPlane:
         assert d is not None
         pki = d / "pki"
         pki.mkdir(exist_ok=True)
-        _write_pki(pki)
+        in_cluster = bool(self.pod_reachable_address)
+        _write_pki(
+            pki,
+            (self.pod_reachable_address, KUBERNETES_SERVICE_IP) if in_cluster else (),
+        )
         self.token = uuid.uuid4().hex
         (pki / "tokens.csv").write_text(f'{self.token},admin,admin-uid,"system:masters"\n')
 
@@ -227,7 +246,8 @@ class ControlPlane:
             "kube-apiserver",
             [
                 f"--etcd-servers={etcd_url}",
-                "--bind-address=127.0.0.1",
+                # all addresses only for in-cluster clients (TLS + token auth)
+                f"--bind-address={'0.0.0.0' if in_cluster else '127.0.0.1'}",
                 f"--secure-port={port}",
                 f"--cert-dir={d / 'apiserver-certs'}",
                 f"--tls-cert-file={pki / 'apiserver.crt'}",
@@ -235,11 +255,18 @@ class ControlPlane:
                 f"--client-ca-file={pki / 'ca.crt'}",
                 f"--token-auth-file={pki / 'tokens.csv'}",
                 "--authorization-mode=RBAC",
-                "--service-cluster-ip-range=10.0.0.0/24",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
                 "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
                 f"--service-account-key-file={pki / 'sa.pub'}",
                 f"--service-account-signing-key-file={pki / 'sa.key'}",
-                "--endpoint-reconciler-type=none",
+                *(
+                    [
+                        f"--advertise-address={self.pod_reachable_address}",
+                        "--endpoint-reconciler-type=lease",
+                    ]
+                    if in_cluster
+                    else ["--endpoint-reconciler-type=none"]
+                ),
                 "--allow-privileged=true",
                 "--max-requests-inflight=1000",
                 "--max-mutating-requests-inflight=500",
@@ -263,7 +290,15 @@ class ControlPlane:
                 f"--service-account-private-key-file={pki / 'sa.key'}",
                 f"--root-ca-file={pki / 'ca.crt'}",
                 "--controllers=garbagecollector,namespace,serviceaccount,serviceaccount-token,"
-                "persistentvolume-binder",
+                "persistentvolume-binder"
+                + (
+                    ",deployment,replicaset,endpointslice,root-ca-cert-publisher,"
+                    # PVCs get the pvc-protection finalizer at admission: without
+                    # its controller they, and so their namespace, never go away
+                    "pvc-protection,pv-protection"
+                    if in_cluster
+                    else ""
+                ),
                 "--concurrent-gc-syncs=50",
                 "--kube-api-qps=200",
                 "--kube-api-burst=400",

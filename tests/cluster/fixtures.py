@@ -152,11 +152,17 @@ class KubeNodeCluster(KubeCluster):
         assert self.images
         return self.images["runtime"]
 
+    @property
+    def operator_image(self) -> str:
+        """The operator/router image (``deploy/docker/Dockerfile.operator``)."""
+        assert self.images
+        return self.images["operator"]
+
 
 @pytest.fixture(scope="session")
 def kube_node_cluster():
     from .__main__ import node_dir
-    from .node import Node, missing_node_parts
+    from .node import Node, default_node_ip, missing_node_parts
 
     if os.environ.get("JUPYTER_SANDBOX_TEST_NODE_CLUSTER"):
         import json
@@ -179,14 +185,15 @@ def kube_node_cluster():
             pytest.fail(msg, pytrace=False)
         pytest.skip(msg)
     t0 = time.monotonic()
-    cp = ControlPlane(with_kwok=False)
+    # pods reach the API server (bridge address, `kubernetes` Service via kube-proxy)
+    cp = ControlPlane(with_kwok=False, pod_reachable_address=default_node_ip())
     node = None
     try:
         cp.start()
         with KubeCluster(kubeconfig=cp.kubeconfig, url=cp.url).api_client() as api:
             install_crds(api)
         t1 = time.monotonic()
-        node = Node(cp, controlplane_owned=True)
+        node = Node(cp, controlplane_owned=True, kube_proxy=True)
         node.start()
         timings = " ".join(f"{k}={v:.1f}s" for k, v in node.timings.items())
         print(

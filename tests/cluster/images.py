@@ -1,6 +1,6 @@
 """Container images for the real-node test cluster, built without a registry.
 
-Two images, written as OCI image-layout archives that ``ctr images import``
+Three images, written as OCI image-layout archives that ``ctr images import``
 reads (nothing here talks to a container registry):
 
 * ``runtime``: a minimal Debian root made with ``debootstrap --variant=minbase``
@@ -18,7 +18,7 @@ inputs: the base layer by (suite, mirror, Debian packages, pip requirements,
 recipe version), the source layer by the hash of the package files, the
 archives by the layer digests.  A warm run only re-hashes the sources.
 
-    python -m tests.cluster.images            # build both, print the archive paths
+    python -m tests.cluster.images            # build all three, print the archive paths
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ REPO = Path(__file__).resolve().parents[2]
 RECIPE_VERSION = "1"
 RUNTIME_REPO = "jupyter-sandbox.local/runtime"
 PAUSE_REPO = "jupyter-sandbox.local/pause"
+OPERATOR_REPO = "jupyter-sandbox.local/operator"
 # python-is-python3: the pod command is `python -m ...`, as in the Dockerfile
 DEBIAN_PACKAGES = ("python3", "python-is-python3")
 PY_SITE = "usr/local/lib/python3.11/dist-packages"
@@ -120,13 +121,23 @@ def _req_name(spec: str) -> str:
     return re.split(r"[<>=!~\[; ]", spec, maxsplit=1)[0].lower()
 
 
-def pip_requirements() -> list[str]:
+def _full_default() -> bool:
+    return bool(os.environ.get("JSBX_IMAGE_FULL"))
+
+
+def pip_requirements(full: bool | None = None) -> list[str]:
     """Requirement specifiers from pyproject.toml (versions as the project pins them)."""
     data = tomllib.loads((REPO / "pyproject.toml").read_text())
     reqs = data["project"]["dependencies"]
-    if not os.environ.get("JSBX_IMAGE_FULL"):
+    if not (_full_default() if full is None else full):
         reqs = [r for r in reqs if _req_name(r) in RUNTIME_REQUIREMENTS]
     return sorted(reqs)
+
+
+def console_scripts() -> dict[str, str]:
+    """``[project.scripts]`` of pyproject.toml: name -> "module:function"."""
+    data = tomllib.loads((REPO / "pyproject.toml").read_text())
+    return dict(data["project"].get("scripts", {}))
 
 
 def package_version() -> str:
@@ -205,20 +216,22 @@ def _unmount_all(root: Path) -> None:
         subprocess.run(["umount", "-l", mp], check=False)
 
 
-def base_layer_key() -> str:
+def base_layer_key(full: bool | None = None) -> str:
     return _sha(
         RECIPE_VERSION,
         debian_suite(),
         apt_mirror(),
         ",".join(DEBIAN_PACKAGES),
-        ",".join(pip_requirements()),
+        ",".join(pip_requirements(full)),
         f"{sys.version_info.major}.{sys.version_info.minor}",
     )[:16]
 
 
-def base_layer() -> Blob:
-    """debootstrap + pip, packed as one uncompressed layer (cached)."""
-    key = base_layer_key()
+def base_layer(full: bool | None = None) -> Blob:
+    """debootstrap + pip, packed as one uncompressed layer (cached).  ``full``
+    (default: ``JSBX_IMAGE_FULL``) installs all of the package's dependencies."""
+    reqs = pip_requirements(full)
+    key = base_layer_key(full)
     meta_file = images_dir() / f"base-{key}.json"
     blob = _blob_from_meta(meta_file)
     if blob:
@@ -249,7 +262,7 @@ def base_layer() -> Blob:
         )
         _unmount_all(root)
         t1 = time.monotonic()
-        log(f"debootstrap took {t1 - t0:.0f}s; pip install {len(pip_requirements())} requirements")
+        log(f"debootstrap took {t1 - t0:.0f}s; pip install {len(reqs)} requirements")
         site = root / PY_SITE
         site.mkdir(parents=True, exist_ok=True)
         subprocess.run(
@@ -265,7 +278,7 @@ def base_layer() -> Blob:
                 "--only-binary=:all:",
                 "--target",
                 str(site),
-                *pip_requirements(),
+                *reqs,
             ],
             check=True,
         )
@@ -390,6 +403,21 @@ def source_layer() -> Blob:
     return _store_bytes(data)
 
 
+def scripts_layer() -> Blob:
+    """``/usr/local/bin/<name>`` for each console script (what pip would write,
+    with the image's interpreter), e.g. ``jupyter-sandbox`` for the operator image."""
+    entries: list[tuple[str, bytes | None, int]] = [
+        ("usr", None, 0o755),
+        ("usr/local", None, 0o755),
+        ("usr/local/bin", None, 0o755),
+    ]
+    for name, target in sorted(console_scripts().items()):
+        mod, func = target.split(":", 1)
+        script = f"#!/usr/bin/python3\nimport sys\nfrom {mod} import {func}\nsys.exit({func}())\n"
+        entries.append((f"usr/local/bin/{name}", script.encode(), 0o755))
+    return _store_bytes(_tar_bytes(entries))
+
+
 def pause_layer() -> Blob:
     exe = bin_dir() / "pause"
     if not exe.exists():
@@ -489,6 +517,30 @@ def runtime_image() -> Image:
     )
 
 
+def operator_image() -> Image:
+    """What ``deploy/docker/Dockerfile.operator`` builds: all dependencies, the
+    package with its console scripts, user 65532, ``jupyter-sandbox operator``
+    (the router Deployment runs ``jupyter-sandbox router`` in the same image)."""
+    return _write_image(
+        OPERATOR_REPO,
+        [base_layer(full=True), source_layer(), scripts_layer()],
+        {
+            "Env": [
+                "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+                "PYTHONUNBUFFERED=1",
+            ],
+            "User": "65532:65532",
+            "Cmd": ["jupyter-sandbox", "operator"],
+            "ExposedPorts": {"8080/tcp": {}},
+        },
+        [
+            f"debootstrap --variant=minbase {debian_suite()} + pip install (all dependencies)",
+            "jupyter_sandbox sources",
+            "console scripts",
+        ],
+    )
+
+
 def pause_image() -> Image:
     return _write_image(
         PAUSE_REPO,
@@ -500,11 +552,11 @@ def pause_image() -> Image:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tests.cluster.images")
-    p.add_argument("which", nargs="*", default=["pause", "runtime"])
+    p.add_argument("which", nargs="*", default=["pause", "runtime", "operator"])
     a = p.parse_args(argv)
     for w in a.which:
         t0 = time.monotonic()
-        img = {"pause": pause_image, "runtime": runtime_image}[w]()
+        img = {"pause": pause_image, "runtime": runtime_image, "operator": operator_image}[w]()
         log(f"{w}: {img.name} ({time.monotonic() - t0:.1f}s)")
         print(img.name, img.archive)
     return 0

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Everything the real-node tests need, then the tests (for CI; idempotent, cached):
 #   Debian packages runc, containernetworking-plugins, debootstrap, iptables
-#   build.sh --node (kubelet, containerd v2, pause), the images, pytest -m node,
+#   build.sh --node (kubelet, kube-proxy, containerd v2, pause), the images
+#   (pause, runtime, operator), pytest -m node,
 #   and a final sweep so that no node of a killed run is left behind.
 # Needs root.  Extra arguments go to pytest.
 set -euo pipefail
@@ -12,6 +13,7 @@ START=$SECONDS
 pkgs=""
 command -v runc >/dev/null || [[ -x /usr/sbin/runc ]] || pkgs="$pkgs runc"
 [[ -x /usr/lib/cni/bridge || -x /opt/cni/bin/bridge ]] || pkgs="$pkgs containernetworking-plugins"
+command -v iptables-restore >/dev/null || [[ -x /usr/sbin/iptables-restore ]] || pkgs="$pkgs iptables"
 command -v debootstrap >/dev/null || [[ -x /usr/sbin/debootstrap ]] || pkgs="$pkgs debootstrap"
 if [[ -n "$pkgs" ]]; then
     echo "[node-tests] apt-get install$pkgs" >&2

@@ -39,7 +39,7 @@ from pathlib import Path
 
 import yaml
 
-from .controlplane import ControlPlane, bin_dir, cache_root, free_port
+from .controlplane import SERVICE_CIDR, ControlPlane, bin_dir, cache_root, free_port
 
 CONTAINERD_VERSION = os.environ.get("CONTAINERD_VERSION", "v2.2.9")
 CNI_DIRS = ("/usr/lib/cni", "/opt/cni/bin")
@@ -49,6 +49,41 @@ CNI_CACHE = Path("/var/lib/cni/results")  # libcni's default cache dir
 SHIM_SOCKETS = Path("/run/containerd/s")  # hard-coded in containerd's shim code
 DEVICE_PLUGINS = Path("/var/lib/kubelet/device-plugins")  # hard-coded in the kubelet
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+DEFAULT_POD_CIDR = os.environ.get("JSBX_NODE_POD_CIDR", "10.88.0.0/24")
+# sysctls kube-proxy may set (restored by teardown)
+KUBE_PROXY_SYSCTLS = (
+    "net/ipv4/conf/all/route_localnet",
+    "net/netfilter/nf_conntrack_max",
+    "net/netfilter/nf_conntrack_tcp_timeout_established",
+    "net/netfilter/nf_conntrack_tcp_timeout_close_wait",
+    "net/bridge/bridge-nf-call-iptables",
+)
+
+
+def default_node_ip(pod_cidr: str = DEFAULT_POD_CIDR) -> str:
+    """The bridge's (and so the node's) address: the first one of the pod subnet."""
+    return str(next(ipaddress.ip_network(pod_cidr).hosts()))
+
+
+def _read_sysctls() -> dict[str, str]:
+    out = {}
+    for k in KUBE_PROXY_SYSCTLS:
+        try:
+            out[k] = (Path("/proc/sys") / k).read_text().strip()
+        except OSError:
+            pass
+    return out
+
+
+def iptables_rules() -> list[str]:
+    """Every rule and user chain (iptables-save, v4 and v6) for leak checks."""
+    out = []
+    for tool in ("iptables-save", "ip6tables-save"):
+        exe = shutil.which(tool) or shutil.which(tool, path="/usr/sbin:/sbin")
+        if exe:
+            r = _run(exe, check=False)
+            out += [ln for ln in r.stdout.splitlines() if ln.startswith(("-A", ":KUBE"))]
+    return out
 
 
 def containerd_dir() -> Path:
@@ -80,6 +115,10 @@ def missing_node_parts() -> list[str]:
         out.append("runc (apt-get install runc)")
     if not cni_bin_dir():
         out.append("CNI plugins (apt-get install containernetworking-plugins)")
+    if not (bin_dir() / "kube-proxy").exists():
+        out.append("kube-proxy (tests/cluster/build.sh --node)")
+    if not shutil.which("iptables-restore", path=SYSTEM_PATH):
+        out.append("iptables (apt-get install iptables)")
     for tool in ("ip", "debootstrap", "tar"):
         if not shutil.which(tool) and not shutil.which(tool, path="/usr/sbin:/sbin"):
             out.append(f"{tool} (apt-get install {'iproute2' if tool == 'ip' else tool})")
@@ -186,6 +225,9 @@ class NodeState:
     owns_workdir: bool = False
     # a control plane started only for this node (the pytest fixture's), stopped with it
     controlplane_workdir: str = ""
+    # kube-proxy ran: teardown runs `kube-proxy --cleanup` and restores these sysctls
+    kube_proxy: bool = False
+    sysctls_before: dict[str, str] = field(default_factory=dict)
 
 
 def teardown(st: NodeState) -> list[str]:
@@ -198,12 +240,30 @@ def teardown(st: NodeState) -> list[str]:
     pids = [
         p
         for n, p in st.pids.items()
-        if n in ("kubelet", "containerd") and str(work).encode() in _cmdline(p)
+        if n in ("kubelet", "containerd", "kube-proxy") and str(work).encode() in _cmdline(p)
     ]
     if _pids_alive(pids):
         # their state is thrown away below: no long graceful shutdown
         _kill(pids, timeout=2)
-        done.append(f"stopped kubelet/containerd ({time.monotonic() - t0:.1f}s)")
+        done.append(f"stopped kubelet/containerd/kube-proxy ({time.monotonic() - t0:.1f}s)")
+    # kube-proxy's iptables chains and rules (all of them are KUBE-*), its sysctls
+    if st.kube_proxy:
+        exe = bin_dir() / "kube-proxy"
+        if exe.exists() and iptables_rules():
+            env = dict(os.environ, PATH=SYSTEM_PATH)
+            r = _run(str(exe), "--cleanup", "--v=0", check=False, env=env)
+            done.append(f"kube-proxy --cleanup (exit {r.returncode})")
+        n = _sweep_kube_chains()
+        if n:
+            done.append(f"removed {n} leftover KUBE-* iptables chains/rules")
+        for k, v in st.sysctls_before.items():
+            f = Path("/proc/sys") / k
+            try:
+                if f.read_text().strip() != v:
+                    f.write_text(v)
+                    done.append(f"restored {k}={v}")
+            except OSError:
+                pass
     # 2. every process in the node's cgroups (the pods' containers), then the
     #    shims that served this containerd (their command line names its socket)
     for _ in range(50):
@@ -297,6 +357,37 @@ def teardown(st: NodeState) -> list[str]:
         done += _stop_controlplane(Path(st.controlplane_workdir))
     done.append(f"teardown took {time.monotonic() - t0:.1f}s")
     return done
+
+
+def _sweep_kube_chains() -> int:
+    """What ``kube-proxy --cleanup`` leaves (e.g. KUBE-FIREWALL in filter): every
+    jump to a KUBE-* chain, then the KUBE-* chains (v4 and v6).  Returns the count."""
+    import shlex
+
+    count = 0
+    for save, tool in (("iptables-save", "iptables"), ("ip6tables-save", "ip6tables")):
+        exe = shutil.which(save, path=SYSTEM_PATH)
+        tool_exe = shutil.which(tool, path=SYSTEM_PATH)
+        if not exe or not tool_exe:
+            continue
+        table, chains = "", {}
+        for line in _run(exe, check=False).stdout.splitlines():
+            if line.startswith("*"):
+                table = line[1:]
+            elif line.startswith(":KUBE-"):
+                chains.setdefault(table, []).append(line[1:].split()[0])
+            elif line.startswith("-A ") and " -j KUBE-" in line:
+                args = shlex.split(line)
+                if not args[1].startswith("KUBE-"):
+                    _run(tool_exe, "-w", "-t", table, "-D", *args[1:], check=False)
+                    count += 1
+        for table, names in chains.items():
+            for c in names:
+                _run(tool_exe, "-w", "-t", table, "-F", c, check=False)
+            for c in names:
+                _run(tool_exe, "-w", "-t", table, "-X", c, check=False)
+                count += 1
+    return count
 
 
 def _cmdline(pid: int) -> bytes:
@@ -396,13 +487,17 @@ class Node:
     name: str = "jsbx-node"
     # not kwok's 10.244.0.0/16: fake pod IPs of other test clusters on this
     # machine must never reach a real pod here
-    pod_cidr: str = os.environ.get("JSBX_NODE_POD_CIDR", "10.88.0.0/24")
+    pod_cidr: str = DEFAULT_POD_CIDR
     bridge: str = "jsbx0"
     workdir: Path | None = None
     import_images: bool = True
     # set when the control plane exists only for this node: a teardown from the
     # state file (after the test process was killed) then stops it too
     controlplane_owned: bool = False
+    # kube-proxy (iptables mode) for ClusterIPs, e.g. the `kubernetes` Service that
+    # in-cluster clients use; pods then get a route to the service range via the
+    # bridge address.  Needs a control plane with ``pod_reachable_address``.
+    kube_proxy: bool = False
 
     state: NodeState | None = None
     images: dict[str, str] = field(default_factory=dict)  # "runtime"/"pause" -> image ref
@@ -417,7 +512,7 @@ class Node:
 
     @property
     def node_ip(self) -> str:
-        return str(next(ipaddress.ip_network(self.pod_cidr).hosts()))
+        return default_node_ip(self.pod_cidr)
 
     @property
     def sock(self) -> Path:
@@ -449,6 +544,8 @@ class Node:
             if SHIM_SOCKETS.is_dir()
             else [],
             owns_workdir=owns,
+            kube_proxy=self.kube_proxy,
+            sysctls_before=_read_sysctls() if self.kube_proxy else {},
             controlplane_workdir=str(self.controlplane.workdir)
             if self.controlplane_owned and self.controlplane.workdir
             else "",
@@ -505,7 +602,12 @@ class Node:
         t0 = time.monotonic()
         pause = images.pause_image()
         runtime = images.runtime_image()
+        wanted = [pause, runtime]
         self.images = {"pause": pause.name, "runtime": runtime.name}
+        if self.kube_proxy:  # pods can use the API: our operator/router image too
+            operator = images.operator_image()
+            wanted.append(operator)
+            self.images["operator"] = operator.name
         self.timings["images"] = time.monotonic() - t0
 
         t = time.monotonic()
@@ -515,7 +617,7 @@ class Node:
         self.timings["containerd"] = time.monotonic() - t
         if self.import_images:
             t = time.monotonic()
-            for img in (pause, runtime):
+            for img in wanted:
                 # --local: read the archive in ctr, not streamed through the
                 # transfer service (measured ~2x faster here)
                 self.ctr(
@@ -526,6 +628,11 @@ class Node:
         self._start_kubelet()
         self._wait_node_ready(timeout)
         self.timings["kubelet"] = time.monotonic() - t
+        if self.kube_proxy:
+            t = time.monotonic()
+            self._start_kube_proxy()
+            self._wait_kube_proxy(timeout)
+            self.timings["kube-proxy"] = time.monotonic() - t
         self.timings["total"] = time.monotonic() - t0
 
     # -- pieces ------------------------------------------------------------------
@@ -580,6 +687,11 @@ class Node:
                             ]
                         ],
                         "dataDir": str(self.workdir / "cni" / "ipam"),
+                        # only the service range goes via the host (kube-proxy's
+                        # DNAT there); still no default route
+                        "routes": [{"dst": SERVICE_CIDR, "gw": self.node_ip}]
+                        if self.kube_proxy
+                        else [],
                     },
                 }
             ],
@@ -731,6 +843,52 @@ disabled_plugins = [
                 "--v=1",
             ],
         )
+
+    def _start_kube_proxy(self) -> None:
+        """kube-proxy in iptables mode (iptables from Debian), nodeports only on
+        the bridge address, no conntrack sysctl changes."""
+        assert self.workdir is not None and self.state is not None
+        k = self.workdir / "kube-proxy"
+        k.mkdir(parents=True, exist_ok=True)
+        shutil.copy(self.controlplane.kubeconfig, k / "kubeconfig")
+        cfg = {
+            "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
+            "kind": "KubeProxyConfiguration",
+            "mode": "iptables",
+            "clientConnection": {"kubeconfig": str(k / "kubeconfig")},
+            "hostnameOverride": self.name,
+            "bindAddress": self.node_ip,
+            "clusterCIDR": self.pod_cidr,
+            "healthzBindAddress": f"127.0.0.1:{free_port()}",
+            "metricsBindAddress": f"127.0.0.1:{free_port()}",
+            "nodePortAddresses": [f"{self.node_ip}/32"],
+            # 0: leave the host's conntrack table size and timeouts alone
+            "conntrack": {
+                "maxPerCore": 0,
+                "min": 0,
+                "tcpEstablishedTimeout": "0s",
+                "tcpCloseWaitTimeout": "0s",
+            },
+            "iptables": {"syncPeriod": "30s", "minSyncPeriod": "0s"},
+        }
+        (k / "config.yaml").write_text(yaml.safe_dump(cfg))
+        self._spawn(
+            "kube-proxy",
+            [str(bin_dir() / "kube-proxy"), f"--config={k / 'config.yaml'}", "--v=1"],
+            env=dict(os.environ, PATH=SYSTEM_PATH),
+        )
+
+    def _wait_kube_proxy(self, timeout: float) -> None:
+        """Until the `kubernetes` Service's DNAT rule is in place."""
+        deadline = time.monotonic() + timeout
+        while True:
+            self._check_alive()
+            if any("default/kubernetes:https" in r for r in iptables_rules()):
+                return
+            if time.monotonic() > deadline:
+                tail = self.log_path("kube-proxy").read_text(errors="replace")[-3000:]
+                raise TimeoutError(f"kube-proxy: no rule for default/kubernetes:\n{tail}")
+            time.sleep(0.25)
 
     def _wait_node_ready(self, timeout: float) -> None:
         cp = self.controlplane

@@ -1,0 +1,357 @@
+"""``deploy/`` as users apply it, on the real node: the operator and the router run
+as the Deployments of the manifests (in-cluster config through the ``kubernetes``
+Service, which kube-proxy maps to the API server on the node's bridge address),
+in the image ``deploy/docker/Dockerfile.operator`` describes (built here by
+``tests/cluster/images.py``).  Then the example pool serves a claim, and the
+kernel provisioner (Kubernetes backend) runs a notebook cell through the router
+pod: suspend, resume with the workspace file, shutdown.
+
+Applying ``deploy/``: the kustomization lists plain YAML files; they are applied
+in its order with server-side apply.  The only change is what
+``kustomize edit set image`` would do (image names: ours, built locally) plus
+``imagePullPolicy: Never`` (no registry).  Storage: hostPath PVs, as in the
+other node tests."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.operator.conftest import CLAIM, POOL, SB, TPL, Kube, is_ready, wait_for
+
+from .conftest import pod_ready, run, sandbox_pod
+
+pytestmark = [pytest.mark.node, pytest.mark.timeout(900)]
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+SYSTEM_NS = "jupyter-sandbox-system"
+SANDBOX_NS = "jupyter-sandboxes"
+MANAGER = "jupyter-sandbox-node-test"
+SECRET = "deploy-manifests-router-secret-0123456789abcdef0123"
+PVS = 6  # the example pool's 3 warm sandboxes + a claim's cold start + slack
+
+
+def manifest_documents(images: dict[str, str]) -> list[dict]:
+    """The documents of deploy/kustomization.yaml, in order, with ``images``
+    (name without tag -> full reference) substituted and pull policy Never."""
+    kz = yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())
+    docs = []
+    for res in kz["resources"]:
+        for doc in yaml.safe_load_all((DEPLOY / res).read_text()):
+            if doc:
+                docs.append(_override_images(doc, images))
+    return docs
+
+
+def _override_images(doc: dict, images: dict[str, str]) -> dict:
+    doc = copy.deepcopy(doc)
+
+    def walk(o):
+        if isinstance(o, dict):
+            for c in o.get("containers", []) + o.get("initContainers", []):
+                if isinstance(c, dict) and "image" in c:
+                    name = c["image"].rsplit(":", 1)[0]
+                    if name in images:
+                        c["image"] = images[name]
+                        c["imagePullPolicy"] = "Never"
+            for v in o.values():
+                walk(v)
+        elif isinstance(o, list):
+            for v in o:
+                walk(v)
+
+    walk(doc)
+    return doc
+
+
+def server_side_apply(api_client, docs: list[dict]) -> None:
+    from kubernetes.dynamic import DynamicClient
+
+    dyn = DynamicClient(api_client)
+    for doc in docs:
+        res = dyn.resources.get(api_version=doc["apiVersion"], kind=doc["kind"])
+        res.server_side_apply(
+            body=doc,
+            name=doc["metadata"]["name"],
+            namespace=doc["metadata"].get("namespace"),
+            field_manager=MANAGER,
+            force_conflicts=True,
+        )
+
+
+def _deployment_available(apps, name: str):
+    d = apps.read_namespaced_deployment(name, SYSTEM_NS)
+    conds = {c.type: c.status for c in (d.status.conditions or [])}
+    ok = conds.get("Available") == "True" and (d.status.available_replicas or 0) == d.spec.replicas
+    return d if ok else None
+
+
+def _delete_quietly(fn, *args) -> None:
+    from kubernetes.client.rest import ApiException
+
+    try:
+        fn(*args)
+    except ApiException as e:
+        if e.status != 404:
+            raise
+
+
+@pytest.fixture(scope="module")
+def deployed(kube_node_cluster, tmp_path_factory):
+    """deploy/ applied; operator and router Available; the example pool Ready."""
+    from kubernetes import client
+
+    api = kube_node_cluster.api_client()
+    core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
+    rbac = client.RbacAuthorizationV1Api(api)
+    kube = Kube(api, SANDBOX_NS)
+    images = {
+        "jupyter-sandbox-operator": kube_node_cluster.operator_image,
+        "jupyter-sandbox-runtime": kube_node_cluster.runtime_image,
+    }
+    docs = manifest_documents(images)
+    pv_dir = tmp_path_factory.mktemp("deploy-pvs")
+    pvs = []
+    for i in range(PVS):
+        d = pv_dir / f"pv{i}"
+        d.mkdir()
+        os.chown(d, 1000, 1000)
+        pvs.append(f"pv-deploy-{i}")
+        core.create_persistent_volume(
+            {
+                "metadata": {"name": pvs[-1]},
+                "spec": {
+                    "capacity": {"storage": "1Gi"},
+                    "accessModes": ["ReadWriteOnce"],
+                    "persistentVolumeReclaimPolicy": "Retain",
+                    "hostPath": {"path": str(d), "type": "Directory"},
+                },
+            }
+        )
+    t0 = time.monotonic()
+    try:
+        # the namespaces first, so that the optional router token Secret (the
+        # manifests' documented way to turn on scoped tokens) exists before the
+        # router pods start
+        ns_docs = [d for d in docs if d["kind"] == "Namespace"]
+        server_side_apply(api, ns_docs)
+        core.create_namespaced_secret(
+            SYSTEM_NS,
+            {
+                "metadata": {"name": "jupyter-sandbox-router-token"},
+                "stringData": {"secret": SECRET},
+            },
+        )
+        server_side_apply(api, docs)
+        for name in ("jupyter-sandbox-operator", "jupyter-sandbox-router"):
+            wait_for(
+                lambda n=name: _deployment_available(apps, n),
+                300,
+                0.5,
+                f"Deployment {name} Available",
+            )
+        available_s = time.monotonic() - t0
+        replicas = kube.get(POOL, "python")["spec"]["replicas"]
+        wait_for(
+            lambda: (
+                (kube.get(POOL, "python") or {}).get("status", {}).get("readyReplicas") == replicas
+            ),
+            300,
+            0.5,
+            "example pool Ready",
+        )
+        pool_s = time.monotonic() - t0
+        print(
+            f"\n[deploy] operator + router Available in {available_s:.1f}s;"
+            f" example pool of {replicas} Ready after {pool_s:.1f}s"
+        )
+        yield {"api": api, "core": core, "apps": apps, "kube": kube, "docs": docs}
+    finally:
+        t1 = time.monotonic()
+        # sandboxes first, while the operator still runs (its finalizers, if any)
+        for res in (CLAIM, POOL, TPL):
+            for o in kube.list(res) if _exists(core, SANDBOX_NS) else []:
+                kube.delete(res, o["metadata"]["name"])
+        if _exists(core, SANDBOX_NS):
+            wait_for(lambda: not kube.list(SB), 120, 0.5, "sandboxes deleted")
+        for ns in (SANDBOX_NS, SYSTEM_NS):
+            _delete_quietly(core.delete_namespace, ns)
+        for d in docs:
+            if d["kind"] == "ClusterRole":
+                _delete_quietly(rbac.delete_cluster_role, d["metadata"]["name"])
+            elif d["kind"] == "ClusterRoleBinding":
+                _delete_quietly(rbac.delete_cluster_role_binding, d["metadata"]["name"])
+        for ns in (SANDBOX_NS, SYSTEM_NS):
+            try:
+                wait_for(lambda n=ns: not _exists(core, n), 180, 0.5, f"namespace {ns} deleted")
+            except AssertionError as exc:
+                conditions = core.read_namespace(ns).status.conditions or []
+                why = "; ".join(f"{c.type}: {c.message}" for c in conditions if c.status == "True")
+                raise AssertionError(f"{exc} ({why})") from None
+        for pv in pvs:
+            _delete_quietly(core.delete_persistent_volume, pv)
+        print(f"\n[deploy] removed in {time.monotonic() - t1:.1f}s")
+        api.close()
+
+
+def _exists(core, ns: str) -> bool:
+    from kubernetes.client.rest import ApiException
+
+    try:
+        core.read_namespace(ns)
+        return True
+    except ApiException as e:
+        if e.status == 404:
+            return False
+        raise
+
+
+def _router_pod_ip(core) -> str:
+    pods = core.list_namespaced_pod(SYSTEM_NS, label_selector="app=sandbox-router").items
+    ready = [p for p in pods if pod_ready(p)]
+    assert ready, [p.status.phase for p in pods]
+    return ready[0].status.pod_ip
+
+
+def test_operator_and_router_run_in_cluster(kube_node_cluster, deployed):
+    core, apps, kube = deployed["core"], deployed["apps"], deployed["kube"]
+    # the Deployments' pods run our image on the real node, in-cluster config
+    for name in ("jupyter-sandbox-operator", "jupyter-sandbox-router"):
+        d = apps.read_namespaced_deployment(name, SYSTEM_NS)
+        sel = ",".join(f"{k}={v}" for k, v in d.spec.selector.match_labels.items())
+        pods = core.list_namespaced_pod(SYSTEM_NS, label_selector=sel).items
+        assert len(pods) == d.spec.replicas
+        for p in pods:
+            assert pod_ready(p) and p.spec.node_name == kube_node_cluster.node_name
+            assert p.spec.containers[0].image == kube_node_cluster.operator_image
+    # the `kubernetes` Service points at the API server on the bridge address
+    ep = core.read_namespaced_endpoints("kubernetes", "default")
+    assert [a.ip for a in ep.subsets[0].addresses] == [kube_node_cluster.node.node_ip]
+
+    # a claim against the example pool adopts a warm sandbox with a real pod
+    warm = {s["metadata"]["name"] for s in kube.list(SB)}
+    t0 = time.monotonic()
+    kube.create(
+        CLAIM,
+        {
+            "apiVersion": "extensions.agents.x-k8s.io/v1beta1",
+            "kind": "SandboxClaim",
+            "metadata": {"name": "deploy-alice"},
+            "spec": {"warmPoolRef": {"name": "python"}},
+        },
+    )
+    c = wait_for(
+        lambda: (x := kube.get(CLAIM, "deploy-alice")) and is_ready(x) and x,
+        120,
+        0.05,
+        "claim Ready",
+    )
+    claim_s = time.monotonic() - t0
+    name = c["status"]["sandbox"]["name"]
+    assert name in warm
+    pod = sandbox_pod(kube, name)
+    assert pod_ready(pod) and pod.spec.node_name == kube_node_cluster.node_name
+    assert pod.spec.containers[0].image == kube_node_cluster.runtime_image
+    # no service-account token in the template's pod; the NetworkPolicy exists
+    # (not enforced: the CNI bridge plugin has no policy support)
+    assert pod.spec.automount_service_account_token is False
+    out = run(
+        pod.status.pod_ip, "ls /var/run/secrets/kubernetes.io/serviceaccount 2>&1; echo rc=$?"
+    )
+    assert "rc=0" not in out["stdout"], out
+    nps = kube.net.list_namespaced_network_policy(SANDBOX_NS).items
+    assert nps, "no NetworkPolicy for the example template"
+    kube.delete(CLAIM, "deploy-alice")
+    wait_for(lambda: kube.get(SB, name) is None, 120, what="sandbox deleted")
+    print(f"\n[deploy] claim Ready in {claim_s * 1000:.0f} ms")
+
+
+async def test_notebook_through_deployed_router(kube_node_cluster, deployed, tmp_path):
+    from jupyter_client.kernelspec import KernelSpecManager
+    from jupyter_client.manager import AsyncKernelManager
+    from kubernetes import client
+
+    from jupyter_sandbox.kernelspec import make_kernelspec
+
+    core, kube = deployed["core"], deployed["kube"]
+    # the router's pod, from the host (the Service's ClusterIP would do in a pod)
+    router_url = f"http://{_router_pod_ip(core)}:8080"
+    secret_file = tmp_path / "router-secret"
+    secret_file.write_text(SECRET)
+    options = {
+        "namespace": SANDBOX_NS,
+        "kubeconfig": str(kube_node_cluster.kubeconfig),
+        "router_url": router_url,
+        "token_secret_file": str(secret_file),
+    }
+    kdir = tmp_path / "kernels" / "sbdeploy"
+    kdir.mkdir(parents=True)
+    spec = make_kernelspec("python", backend="kubernetes", backend_options=options)
+    (kdir / "kernel.json").write_text(json.dumps(spec))
+    ksm = KernelSpecManager(kernel_dirs=[str(tmp_path / "kernels")])
+
+    async def execute(kc, code: str) -> dict:
+        msg_id = kc.execute(code)
+        reply = await kc.get_shell_msg(timeout=120)
+        assert reply["content"]["status"] == "ok", reply["content"]
+        while True:
+            msg = await kc.get_iopub_msg(timeout=120)
+            if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == (
+                "execute_result"
+            ):
+                return msg["content"]["data"]
+
+    km = AsyncKernelManager(kernel_name="sbdeploy", kernel_spec_manager=ksm)
+    t0 = time.perf_counter()
+    await km.start_kernel()
+    kc = km.client()
+    kc.start_channels()
+    try:
+        await kc.wait_for_ready(timeout=120)
+        start_s = time.perf_counter() - t0
+        (claim,) = kube.list(CLAIM)
+        sandbox = claim["status"]["sandbox"]["name"]
+        pod = sandbox_pod(kube, sandbox)
+        assert pod_ready(pod)
+        data = await execute(
+            kc,
+            "import os, socket; open('/workspace/nb.txt', 'w').write('deployed'); "
+            "(socket.gethostname(), os.getuid())",
+        )
+        assert data["text/plain"] == repr((sandbox, 1000))
+
+        # suspend (what the culler does): the pod goes, the PVC stays
+        await km.provisioner.suspend()
+        wait_for(lambda: sandbox_pod(kube, sandbox) is None, 120, what="pod deleted")
+        pvc = kube.core.read_namespaced_persistent_volume_claim(f"workspace-{sandbox}", SANDBOX_NS)
+        assert pvc.status.phase == "Bound"
+
+        # resume: a new pod, the same workspace
+        t1 = time.perf_counter()
+        await km.provisioner.resume()
+        data = await execute(kc, "open('/workspace/nb.txt').read()")
+        resume_s = time.perf_counter() - t1
+        assert data["text/plain"] == repr("deployed")
+        new = sandbox_pod(kube, sandbox)
+        assert new is not None and new.metadata.uid != pod.metadata.uid
+    finally:
+        kc.stop_channels()
+        await km.shutdown_kernel(now=True)
+
+    name = claim["metadata"]["name"]
+    wait_for(lambda: kube.get(CLAIM, name) is None, 60, what="claim deleted")
+    wait_for(lambda: kube.get(SB, sandbox) is None, 60, what="sandbox deleted")
+    wait_for(lambda: sandbox_pod(kube, sandbox) is None, 120, what="pod deleted")
+    with pytest.raises(client.ApiException) as e:
+        kube.core.read_namespaced_service(sandbox, SANDBOX_NS)
+    assert e.value.status == 404
+    print(
+        f"\n[deploy] kernel start via the deployed router {start_s:.2f}s;"
+        f" resume to first reply {resume_s:.1f}s"
+    )
