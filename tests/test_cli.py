@@ -45,6 +45,11 @@ def test_bad_input_is_a_clear_error() -> None:
     assert "Traceback" not in result.stderr
     result = cli("frobnicate")
     assert result.returncode == 2 and "invalid choice" in result.stderr
+    # hub authorization needs the claims, so the API resolver
+    result = cli("router", "--resolve=dns", "--hub-api-url=http://hub:8081/hub/api")
+    assert result.returncode == 2 and "--hub-api-url needs --resolve=api" in result.stderr
+    result = cli("router", "--resolve=api", "--hub-api-url=hub:8081")
+    assert result.returncode == 2 and "must be an http(s) URL" in result.stderr
 
 
 @pytest.mark.usefixtures("warm_daemon")

@@ -6,7 +6,9 @@ watch-backed cache of Sandbox status (pod IPs, service FQDN; see
 ``--resolve=dns`` routes like upstream's sandbox-router, to
 ``<id>.<namespace>.svc.<cluster domain>``.  ``--allowed-namespaces`` refuses
 every other namespace.  With ``--token-secret-file`` it admits only callers
-holding a token scoped to the sandbox they address.
+holding a token scoped to the sandbox they address.  With ``--hub-api-url``
+it also admits JupyterHub users, each only to the sandboxes whose claims name
+them (``router/authorization.py``); that needs ``--resolve=api``.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any
 from tornado.httpserver import HTTPServer
 
 from .app import make_router_app
+from .hub_auth import HubIdentity
 from .settings import RouterContext
 from .tokens import TokenAuthority
 from .upstreams import Upstream
@@ -50,6 +53,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "admits every caller (upstream's in-cluster behaviour)",
     )
     parser.add_argument(
+        "--hub-api-url",
+        default=os.environ.get("ROUTER_HUB_API_URL") or None,
+        help="JupyterHub API (e.g. http://hub.jhub.svc:8081/hub/api): admit a hub user's "
+        "API token to the sandboxes whose SandboxClaim is annotated with that user",
+    )
+    parser.add_argument(
         "--resolve",
         choices=["api", "dns"],
         default=os.environ.get("ROUTER_RESOLVE") or None,
@@ -73,6 +82,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.resolve is None:
         args.resolve = "api" if (args.kubeconfig or _in_cluster()) else "dns"
+    if args.hub_api_url:
+        if args.resolve != "api":
+            parser.error("--hub-api-url needs --resolve=api (claims name their users)")
+        if not args.hub_api_url.startswith(("http://", "https://")):
+            parser.error(f"--hub-api-url must be an http(s) URL, not {args.hub_api_url!r}")
     return args
 
 
@@ -89,6 +103,7 @@ def make_lookup(args: argparse.Namespace) -> tuple[Any, Any]:
             allowed_namespaces=allowed or None,
             cluster_domain=args.cluster_domain,
             fallback_dns=args.dns_fallback,
+            track_owners=bool(args.hub_api_url),
         ).start()
         return resolver.lookup, resolver
 
@@ -111,8 +126,13 @@ async def serve(args: argparse.Namespace) -> None:
     # would be routed by its DNS name, and a caller's X-Sandbox-Pod-IP refused.
     if resolver is not None and not await asyncio.to_thread(resolver.wait_synced, 60.0):
         log.warning("the Sandbox cache did not sync in 60 s; routing by DNS until it does")
+    hub = HubIdentity(args.hub_api_url) if args.hub_api_url else None
     ctx = RouterContext(
-        lookup=lookup, authority=authority, default_namespace=args.default_namespace
+        lookup=lookup,
+        authority=authority,
+        hub=hub,
+        owner_of=resolver.owner_of if hub is not None else None,
+        default_namespace=args.default_namespace,
     )
     server = HTTPServer(make_router_app(ctx), max_body_size=1 << 34)
     server.listen(args.port, address=args.address)
@@ -121,7 +141,7 @@ async def serve(args: argparse.Namespace) -> None:
         args.address,
         args.port,
         args.resolve,
-        "scoped tokens" if authority else "none",
+        ctx.auth.describe(),
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -13,6 +13,11 @@ without any API call:
   rule), unless ``fallback_dns`` is off; also used while the cache is not synced
   (start-up, API server unreachable);
 - a namespace outside ``allowed_namespaces`` (when set) -> not found.
+
+With ``track_owners`` it also watches SandboxClaims and answers ``owner_of``:
+the user named by the ``jupyter-sandbox/user`` annotation of the claim that
+controls a sandbox (its controller ownerReference, or the claim-uid label of
+a warm sandbox), for the router's per-user authorization on JupyterHub.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,12 +36,16 @@ from .upstreams import Upstream
 log = logging.getLogger(__name__)
 
 
+CLAIM_UID_LABEL = "agents.x-k8s.io/claim-uid"
+
+
 @dataclass(frozen=True)
 class Entry:
     pod_ips: tuple[str, ...]
     service_fqdn: str | None
     ready: bool
     suspended: bool
+    claim_uid: str | None = None
 
 
 def entry_of(sandbox: dict[str, Any]) -> Entry:
@@ -47,7 +56,19 @@ def entry_of(sandbox: dict[str, Any]) -> Entry:
         service_fqdn=status.get("serviceFQDN") or None,
         ready=conds.get("Ready") == "True",
         suspended=(sandbox.get("spec") or {}).get("operatingMode") == "Suspended",
+        claim_uid=_claim_uid(sandbox.get("metadata") or {}),
     )
+
+
+def _claim_uid(meta: dict[str, Any]) -> str | None:
+    for ref in meta.get("ownerReferences") or ():
+        if ref.get("controller") and ref.get("kind") == "SandboxClaim":
+            return str(ref.get("uid") or "") or None
+    return (meta.get("labels") or {}).get(CLAIM_UID_LABEL) or None
+
+
+def claim_user(claim: dict[str, Any]) -> str | None:
+    return ((claim.get("metadata") or {}).get("annotations") or {}).get(kc.USER_ANNOTATION) or None
 
 
 class SandboxResolver:
@@ -59,6 +80,7 @@ class SandboxResolver:
         cluster_domain: str = "cluster.local",
         fallback_dns: bool = True,
         watch_timeout: int = 300,
+        track_owners: bool = False,
     ) -> None:
         self.api_client = api_client
         allowed = {n for n in (allowed_namespaces or ()) if n}
@@ -66,8 +88,11 @@ class SandboxResolver:
         self.cluster_domain = cluster_domain
         self.fallback_dns = fallback_dns
         self.watch_timeout = watch_timeout
+        self.track_owners = track_owners
         self._cache: dict[tuple[str, str], Entry] = {}
-        self._synced: dict[str | None, bool] = {}
+        # (namespace, claim uid) -> the user the claim names
+        self._owners: dict[tuple[str, str], str | None] = {}
+        self._synced: dict[tuple[str, str | None], bool] = {}
         self._handles: list[kc.WatchHandle] = []
         self._threads: list[threading.Thread] = []
         self._stop = threading.Event()
@@ -77,18 +102,20 @@ class SandboxResolver:
 
     def start(self) -> SandboxResolver:
         scopes: list[str | None] = list(sorted(self.allowed)) if self.allowed else [None]
-        for ns in scopes:
-            handle = kc.WatchHandle()
-            self._handles.append(handle)
-            t = threading.Thread(
-                target=self._run,
-                args=(ns, handle),
-                name=f"sandbox-resolver-{ns or 'all'}",
-                daemon=True,
-            )
-            self._threads.append(t)
-            self._synced[ns] = False
-            t.start()
+        kinds = [kc.SANDBOX, kc.CLAIM] if self.track_owners else [kc.SANDBOX]
+        for kind in kinds:
+            for ns in scopes:
+                handle = kc.WatchHandle()
+                self._handles.append(handle)
+                t = threading.Thread(
+                    target=self._run,
+                    args=(kind, ns, handle),
+                    name=f"router-watch-{kind[2]}-{ns or 'all'}",
+                    daemon=True,
+                )
+                self._threads.append(t)
+                self._synced[(kind[2], ns)] = False
+                t.start()
         return self
 
     def stop(self) -> None:
@@ -117,6 +144,18 @@ class SandboxResolver:
     def get(self, namespace: str, name: str) -> Entry | None:
         return self._cache.get((namespace, name))
 
+    def owner_of(self, namespace: str, name: str) -> str | None:
+        """The user the claim of ``namespace/name`` names (None: unknown, no claim,
+        or a claim without a user)."""
+        if not self.track_owners:
+            raise RuntimeError("owner_of needs SandboxResolver(track_owners=True)")
+        if self.allowed is not None and namespace not in self.allowed:
+            return None
+        entry = self._cache.get((namespace, name))
+        if entry is None or entry.claim_uid is None:
+            return None
+        return self._owners.get((namespace, entry.claim_uid))
+
     async def lookup(self, namespace: str, name: str, port: int) -> Upstream | None:
         if self.allowed is not None and namespace not in self.allowed:
             return None
@@ -133,21 +172,34 @@ class SandboxResolver:
 
     # -- the watch thread -------------------------------------------------------------
 
-    def _list_watch_fns(self, ns: str | None) -> tuple[Any, tuple[Any, ...]]:
+    def _list_watch_fns(
+        self, kind: tuple[str, str, str], ns: str | None
+    ) -> tuple[Any, tuple[Any, ...]]:
         from kubernetes import client
 
         co = client.CustomObjectsApi(self.api_client)
-        g, v, p = kc.SANDBOX
+        g, v, p = kind
         if ns is None:
             return co.list_cluster_custom_object, (g, v, p)
         return co.list_namespaced_custom_object, (g, v, ns, p)
 
-    def _run(self, ns: str | None, handle: kc.WatchHandle) -> None:
-        fn, args = self._list_watch_fns(ns)
+    def _store(self, kind: tuple[str, str, str]) -> tuple[dict[Any, Any], Callable[..., Any]]:
+        """The cache for ``kind`` and how one object becomes (key, value) in it."""
+        if kind == kc.SANDBOX:
+            return self._cache, lambda md, obj: (
+                (md.get("namespace", ""), md["name"]),
+                entry_of(obj),
+            )
+        return self._owners, lambda md, obj: ((md.get("namespace", ""), md["uid"]), claim_user(obj))
+
+    def _run(self, kind: tuple[str, str, str], ns: str | None, handle: kc.WatchHandle) -> None:
+        fn, args = self._list_watch_fns(kind, ns)
+        cache, item = self._store(kind)
+        what = f"{kind[2]} watch ({ns or 'all namespaces'})"
         backoff = 0.5
         while not self._stop.is_set():
             try:
-                rv = self._relist(fn, args, ns)
+                rv = self._relist(fn, args, kind, ns)
                 backoff = 0.5
                 while not self._stop.is_set():
                     for event in kc.watch(
@@ -160,49 +212,48 @@ class SandboxResolver:
                         obj = event.get("object") or {}
                         md = obj.get("metadata") or {}
                         rv = md.get("resourceVersion", rv)
-                        kind = event.get("type")
-                        if kind == "BOOKMARK":
+                        if event.get("type") == "BOOKMARK":
                             continue
-                        key = (md.get("namespace", ""), md.get("name", ""))
-                        if kind == "DELETED":
-                            self._cache.pop(key, None)
+                        key, value = item(md, obj)
+                        if event.get("type") == "DELETED":
+                            cache.pop(key, None)
                         else:
-                            self._cache[key] = entry_of(obj)
+                            cache[key] = value
                         self._notify()
             except kc.ApiStatus as exc:
                 if not exc.gone:
-                    log.warning("sandbox watch (%s): %s", ns or "all namespaces", exc)
-                    self._mark(ns, False)
+                    log.warning("%s: %s", what, exc)
+                    self._mark(kind, ns, False)
                     self._stop.wait(backoff)
                     backoff = min(backoff * 2, 30.0)
             except kc.Unreachable as exc:
                 if self._stop.is_set():
                     return
-                log.warning("sandbox watch (%s): %s", ns or "all namespaces", exc)
-                self._mark(ns, False)
+                log.warning("%s: %s", what, exc)
+                self._mark(kind, ns, False)
                 self._stop.wait(backoff * (1 + random.random()))
                 backoff = min(backoff * 2, 30.0)
             except Exception:
-                log.exception("sandbox watch (%s) failed", ns or "all namespaces")
-                self._mark(ns, False)
+                log.exception("%s failed", what)
+                self._mark(kind, ns, False)
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 30.0)
 
-    def _relist(self, fn: Any, args: tuple[Any, ...], ns: str | None) -> str:
+    def _relist(
+        self, fn: Any, args: tuple[Any, ...], kind: tuple[str, str, str], ns: str | None
+    ) -> str:
         data = kc.call(fn, *args, _request_timeout=(5, 60))
-        fresh = {
-            (s["metadata"].get("namespace", ""), s["metadata"]["name"]): entry_of(s)
-            for s in data.get("items") or []
-        }
-        for key in [k for k in self._cache if ns is None or k[0] == ns]:
+        cache, item = self._store(kind)
+        fresh = dict(item(obj.get("metadata") or {}, obj) for obj in data.get("items") or [])
+        for key in [k for k in cache if ns is None or k[0] == ns]:
             if key not in fresh:
-                self._cache.pop(key, None)
-        self._cache.update(fresh)
-        self._mark(ns, True)
+                cache.pop(key, None)
+        cache.update(fresh)
+        self._mark(kind, ns, True)
         return str(data["metadata"]["resourceVersion"])
 
-    def _mark(self, ns: str | None, synced: bool) -> None:
-        self._synced[ns] = synced
+    def _mark(self, kind: tuple[str, str, str], ns: str | None, synced: bool) -> None:
+        self._synced[(kind[2], ns)] = synced
         self._notify()
 
     def _notify(self) -> None:

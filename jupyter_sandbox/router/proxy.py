@@ -13,7 +13,7 @@ from tornado import httputil, iostream, web
 
 from .routing import Route, RoutingError, forward_headers, parse_route, response_headers
 from .settings import RouterContext
-from .tokens import TokenRefused, bearer
+from .tokens import TokenRefused
 from .upstreams import Upstream
 
 log = logging.getLogger(__name__)
@@ -36,12 +36,10 @@ async def route_request(
         route = parse_route(request.headers, ctx.default_namespace)
     except RoutingError as exc:
         raise Refused(400, str(exc)) from None
-    if ctx.authority is not None:
-        token = bearer(request.headers.get("Authorization"))
-        try:
-            ctx.authority.check(token, route.namespace, route.name)
-        except TokenRefused as exc:
-            raise Refused(exc.status, exc.reason) from None
+    try:
+        await ctx.auth.check(request.headers, route.namespace, route.name)
+    except TokenRefused as exc:
+        raise Refused(exc.status, exc.reason) from None
     upstream = await ctx.lookup(route.namespace, route.name, route.port)
     if upstream is None:
         raise Refused(404, f"sandbox {route.namespace}/{route.name} not found")

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
+from .authorization import Authorizer, OwnerLookup
+from .hub_auth import HubIdentity
 from .tokens import TokenAuthority
 from .upstreams import UnixSocketResolver, Upstream, UpstreamLookup
 
@@ -27,14 +29,20 @@ def proxy_timeout_from_env() -> float:
 class RouterContext:
     lookup: UpstreamLookup
     authority: TokenAuthority | None
+    hub: HubIdentity | None = None
+    owner_of: OwnerLookup | None = None
     default_namespace: str = "default"
     proxy_timeout: float = field(default_factory=proxy_timeout_from_env)
     connect_timeout: float = 10.0
     max_ws_message: int = DEFAULT_MAX_WS_MESSAGE
     max_clients: int = 1000
     resolver: UnixSocketResolver = field(default_factory=UnixSocketResolver)
+    auth: Authorizer = field(init=False)
     _tcp: aiohttp.ClientSession | None = field(default=None, init=False)
     _unix: dict[str, aiohttp.ClientSession] = field(default_factory=dict, init=False)
+
+    def __post_init__(self) -> None:
+        self.auth = Authorizer(self.authority, self.hub, self.owner_of)
 
     def session_for(self, upstream: Upstream) -> aiohttp.ClientSession:
         """A pooled keep-alive client: one for TCP upstreams, one per Unix socket."""
@@ -66,3 +74,4 @@ class RouterContext:
             await session.close()
         self._unix.clear()
         self._tcp = None
+        await self.auth.close()

@@ -74,12 +74,3 @@ class TokenAuthority:
         if claims.get("ns") != namespace or claims.get("sbx") != name:
             raise TokenRefused(403, "the sandbox token is for another sandbox")
         return Scope(namespace=namespace, name=name, subject=str(claims.get("sub", "")))
-
-
-def bearer(header_value: str | None) -> str | None:
-    if not header_value:
-        return None
-    scheme, _, value = header_value.partition(" ")
-    if scheme.lower() != "bearer" or not value.strip():
-        return None
-    return value.strip()

@@ -32,7 +32,9 @@ def test_kernelspec_and_server_config() -> None:
         display_name=spec["display_name"],
         backend_options=config["backend_options"],
     )
-    assert "token_secret_file" not in config["backend_options"]  # never in a user's pod
+    # never the router's secret in a user's pod: the hub token authorizes instead
+    assert "token_secret_file" not in config["backend_options"]
+    assert config["backend_options"]["router_auth"] == "jupyterhub"
     name = Path(files["sandbox-kernelspec"]["mountPath"]).parent.name
     server = json.loads(files["sandbox-server-config"]["stringData"])
     assert server["KernelSpecManager"]["allowed_kernelspecs"] == [name]

@@ -7,10 +7,16 @@ control plane (``kube_cluster``) and our operator as a subprocess scoped to it.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from tests.operator.conftest import (  # noqa: F401 - fixtures are used by name
@@ -20,6 +26,7 @@ from tests.operator.conftest import (  # noqa: F401 - fixtures are used by name
     TPL,
     Kube,
     api_client,
+    claim_body,
     is_ready,
     kube,
     operator,
@@ -31,6 +38,57 @@ from tests.operator.conftest import (  # noqa: F401 - fixtures are used by name
 )
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+@contextmanager
+def runtime_on_loopback(tmp_path: Path) -> Iterator[int]:
+    """A real ``python -m jupyter_sandbox.runtime`` on 127.0.0.1 (where kwok's pods
+    run nothing); yields its port once it is ready."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ws = tmp_path / "workspace"
+    ws.mkdir(parents=True)
+    log = open(tmp_path / "runtime.log", "wb")
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "jupyter_sandbox.runtime",
+            "--port",
+            str(port),
+            "--ip",
+            "127.0.0.1",
+            "--workspace",
+            str(ws),
+            "--runtime-dir",
+            str(tmp_path / "rt"),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=REPO_ROOT,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert proc.poll() is None, (tmp_path / "runtime.log").read_text()
+            assert time.monotonic() < deadline, "runtime not ready"
+            time.sleep(0.1)
+        yield port
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+        log.close()
 
 
 def make_pool(k: Kube, name: str = "pool", replicas: int = 2, **template_spec: Any) -> dict:

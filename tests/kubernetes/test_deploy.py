@@ -108,7 +108,8 @@ def test_dry_run_rejects_a_broken_manifest(api_client):
 
 
 def test_rbac_is_least_privilege():
-    """The router can only read sandboxes; the operator never gets secrets or wildcards."""
+    """The router can only read sandboxes and claims (whose user a claim names, for
+    hub authorization); the operator never gets secrets or wildcards."""
     docs = kustomize_documents()
     roles = {d["metadata"]["name"]: d for d in docs if d["kind"] in ("ClusterRole", "Role")}
     router = roles["jupyter-sandbox-router"]["rules"]
@@ -117,7 +118,12 @@ def test_rbac_is_least_privilege():
             "apiGroups": ["agents.x-k8s.io"],
             "resources": ["sandboxes"],
             "verbs": ["get", "list", "watch"],
-        }
+        },
+        {
+            "apiGroups": ["extensions.agents.x-k8s.io"],
+            "resources": ["sandboxclaims"],
+            "verbs": ["get", "list", "watch"],
+        },
     ]
     for role in roles.values():
         for rule in role["rules"]:
@@ -145,6 +151,8 @@ def test_helm_chart_renders_and_passes_dry_run(api_client, tmp_path):
             "router.tokenSecret.create=true",
             "--set",
             "router.allowedNamespaces={jupyter-sandboxes}",
+            "--set",
+            "router.hubApiUrl=http://hub.jhub.svc.cluster.local:8081/hub/api",
         ],
         check=True,
         capture_output=True,
@@ -170,5 +178,11 @@ def test_helm_chart_renders_and_passes_dry_run(api_client, tmp_path):
     args = router["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--allowed-namespaces=jupyter-sandboxes" in args
     assert "--token-secret-file=/etc/jupyter-sandbox/router-token/secret" in args
+    assert "--hub-api-url=http://hub.jhub.svc.cluster.local:8081/hub/api" in args
+    # and the router's parser takes what the chart renders
+    from jupyter_sandbox.router.__main__ import parse_args
+
+    parsed = parse_args([*args, "--kubeconfig=unused"])
+    assert parsed.hub_api_url.endswith("/hub/api") and parsed.resolve == "api"
     applied = dry_run(api_client, docs)
     assert len(applied) == len(docs)

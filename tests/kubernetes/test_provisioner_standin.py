@@ -14,12 +14,9 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import AsyncKernelManager
@@ -34,7 +31,7 @@ from jupyter_sandbox.router.tokens import TokenAuthority
 from jupyter_sandbox.router.upstreams import Upstream
 from jupyter_sandbox.utils.background import background
 
-from .conftest import CLAIM, REPO_ROOT, SB, wait_for
+from .conftest import CLAIM, SB, runtime_on_loopback, wait_for
 
 pytestmark = pytest.mark.cluster
 
@@ -52,47 +49,8 @@ def _free_port() -> int:
 @pytest.fixture
 def runtime(tmp_path: Path):
     """The stand-in for the sandbox pod's container: a real runtime on loopback."""
-    port = _free_port()
-    ws = tmp_path / "workspace"
-    ws.mkdir()
-    log = open(tmp_path / "runtime.log", "wb")
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "jupyter_sandbox.runtime",
-            "--port",
-            str(port),
-            "--ip",
-            "127.0.0.1",
-            "--workspace",
-            str(ws),
-            "--runtime-dir",
-            str(tmp_path / "rt"),
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        cwd=REPO_ROOT,
-        start_new_session=True,
-    )
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        assert proc.poll() is None, (tmp_path / "runtime.log").read_text()
-        assert time.monotonic() < deadline, "runtime not ready"
-        time.sleep(0.1)
-    yield port
-    proc.terminate()
-    try:
-        proc.wait(15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(5)
-    log.close()
+    with runtime_on_loopback(tmp_path) as port:
+        yield port
 
 
 @pytest.fixture

@@ -130,9 +130,11 @@ def test_router_works_with_its_clusterrole(kube, api_client, kube_cluster, tmp_p
         },
     )
     router_kube = kc.load(kubeconfig=str(cfg))
-    resolver = SandboxResolver(router_kube.api_client, fallback_dns=False).start()
+    # track_owners: also the claim watch of JupyterHub authorization
+    resolver = SandboxResolver(router_kube.api_client, fallback_dns=False, track_owners=True)
+    resolver.start()
     try:
-        assert resolver.wait_synced(30), "the router could not list sandboxes cluster-wide"
+        assert resolver.wait_synced(30), "the router could not list sandboxes and claims"
         wait_for(lambda: resolver.get(kube.ns, "visible"), 10, what="sandbox in the cache")
         # and nothing more: no secrets, no pods
         core = client.CoreV1Api(router_kube.api_client)

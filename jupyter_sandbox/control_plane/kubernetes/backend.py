@@ -11,6 +11,13 @@ Selected in a kernelspec with ``"backend": "kubernetes"``; ``backend_options``
     to the one sandbox, signed with the router's secret.  Without ``router_url``
     the runtime is reached directly at its pod IP (port 8888): only from inside
     the cluster network.
+``router_auth``
+    how the router admits this server: ``token`` (scoped tokens signed with
+    ``token_secret_file``; the default when it is given), ``jupyterhub`` (the
+    single-user server's ``$JUPYTERHUB_API_TOKEN``; claims are annotated
+    ``jupyter-sandbox/user=$JUPYTERHUB_USER`` and the router, started with
+    ``--hub-api-url``, lets each hub user reach only their own sandboxes; no
+    router secret in user pods), or ``none``.
 ``kubeconfig`` / ``context`` / ``in_cluster``
     which API server (default: in-cluster when in a pod, else ``$KUBECONFIG`` or
     ``~/.kube/config``).
@@ -80,6 +87,7 @@ MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGED_BY = "jupyter-sandbox"
 OWNER_LABEL = "jupyter-sandbox/owner"
 USER_LABEL = "jupyter-sandbox/user"
+ROUTER_AUTH_MODES = ("token", "jupyterhub", "none")
 KERNEL_ID_LABEL = "jupyter-sandbox/kernel-id"
 OWNER_HOST_ANNOTATION = "jupyter-sandbox/owner-host"
 RESUMED_AT_ANNOTATION = "jupyter-sandbox/resumed-at"
@@ -172,6 +180,7 @@ class KubernetesControlPlane(ControlPlane):
         request_timeout: float | str = 30.0,
         max_threads: int | str = 64,
         token_ttl: float | str = 7 * 24 * 3600,
+        router_auth: str | None = None,
     ) -> None:
         self._namespace_option = namespace or None
         self.router_url = (router_url or "").rstrip("/") or None
@@ -194,9 +203,29 @@ class KubernetesControlPlane(ControlPlane):
                     f"cannot read token_secret_file {token_secret_file!r}: {exc}",
                     hint="mount the router's token secret and point token_secret_file at it",
                 ) from None
-        self.authority = TokenAuthority(secret) if secret else None
-        if self.authority is not None and not self.router_url:
-            log.warning("a token secret is configured but no router_url: tokens are unused")
+        self.router_auth = router_auth or ("token" if secret else "none")
+        if self.router_auth not in ROUTER_AUTH_MODES:
+            raise InvalidRequest(
+                f"router_auth must be one of {', '.join(ROUTER_AUTH_MODES)}, not {router_auth!r}"
+            )
+        if self.router_auth == "token" and not secret:
+            raise InvalidRequest(
+                "router_auth 'token' needs the router's secret",
+                hint="set token_secret_file, or router_auth 'jupyterhub' on a hub",
+            )
+        self.authority = TokenAuthority(secret) if self.router_auth == "token" and secret else None
+        self.hub_user: str | None = None
+        self.hub_token: str | None = None
+        if self.router_auth == "jupyterhub":
+            self.hub_user = os.environ.get("JUPYTERHUB_USER") or None
+            self.hub_token = os.environ.get("JUPYTERHUB_API_TOKEN") or None
+            if not (self.hub_user and self.hub_token):
+                raise InvalidRequest(
+                    "router_auth 'jupyterhub' needs JUPYTERHUB_USER and JUPYTERHUB_API_TOKEN",
+                    hint="JupyterHub sets both for every single-user server",
+                )
+        if self.router_auth != "none" and not self.router_url:
+            log.warning("router_auth %r without router_url: unused", self.router_auth)
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._max_threads = max(4, int(max_threads))
         self._kube: kc.KubeConfig | None = None
@@ -312,6 +341,8 @@ class KubernetesControlPlane(ControlPlane):
         if self.owner:
             labels[OWNER_LABEL] = self.owner
         annotations = {OWNER_HOST_ANNOTATION: self._host}
+        if self.hub_user:
+            annotations[kc.USER_ANNOTATION] = self.hub_user
         if request.owner_pid:
             annotations["jupyter-sandbox/owner-pid"] = str(request.owner_pid)
         spec: dict[str, Any] = {"warmPoolRef": {"name": request.pool}}
@@ -733,7 +764,7 @@ class KubernetesControlPlane(ControlPlane):
         if not sb_name:
             return None
         if self.router_url:
-            token = None
+            token = self.hub_token
             if self.authority is not None:
                 user = (claim["metadata"].get("labels") or {}).get(USER_LABEL, "")
                 token = self.authority.issue(Scope(ns, sb_name, user), ttl=self.token_ttl)

@@ -35,6 +35,10 @@ TEMPLATE = ("extensions.agents.x-k8s.io", "v1beta1", "sandboxtemplates")
 WARMPOOL = ("extensions.agents.x-k8s.io", "v1beta1", "sandboxwarmpools")
 CLAIM = ("extensions.agents.x-k8s.io", "v1beta1", "sandboxclaims")
 
+# On a claim: the exact name of the user it is for (labels hold a sanitized
+# copy); the router's JupyterHub authorization admits only that user.
+USER_ANNOTATION = "jupyter-sandbox/user"
+
 
 class Unreachable(Exception):
     """The API server could not be reached (connection refused, DNS, TLS, timeout)."""
