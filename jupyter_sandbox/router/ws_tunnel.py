@@ -26,6 +26,10 @@ log = logging.getLogger(__name__)
 
 HANDSHAKE_LIMIT = 64 * 1024
 CLOSE_TOO_BIG = 1009
+CHUNK = 1024 * 1024
+# Bytes written but not yet flushed before the copy waits for the sink: reading
+# the next chunk while the last one drains keeps both sockets busy.
+HIGH_WATER = 4 * 1024 * 1024
 PASSED_BACK = (
     "upgrade",
     "connection",
@@ -123,11 +127,35 @@ async def _splice(client: iostream.IOStream, sandbox: iostream.IOStream, limit: 
         sandbox.close()
 
 
+class _Writer:
+    """Writes to ``sink`` without waiting for each write to drain, up to HIGH_WATER."""
+
+    def __init__(self, sink: iostream.IOStream) -> None:
+        self.sink = sink
+        self.unflushed = 0
+
+    async def write(self, data: bytes) -> None:
+        done = self.sink.write(data)
+        self.unflushed += len(data)
+        if self.unflushed >= HIGH_WATER:
+            await done  # all written so far has reached the socket
+            self.unflushed = 0
+        else:
+            # collected later by the await above, or by the stream closing
+            done.add_done_callback(_retrieve)
+
+
+def _retrieve(future: asyncio.Future[None]) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
 async def _copy(source: iostream.IOStream, sink: iostream.IOStream) -> None:
+    source.read_chunk_size = CHUNK
+    out = _Writer(sink)
     try:
         while True:
-            chunk = await source.read_bytes(256 * 1024, partial=True)
-            await sink.write(chunk)
+            await out.write(await source.read_bytes(CHUNK, partial=True))
     except iostream.StreamClosedError:
         pass
 
@@ -137,6 +165,8 @@ async def _client_to_sandbox(
 ) -> None:
     """Forward client frames unchanged, counting each message's size from frame headers."""
     message_size = 0
+    client.read_chunk_size = CHUNK
+    out = _Writer(sandbox)
     try:
         while True:
             head = await client.read_bytes(2)
@@ -158,12 +188,12 @@ async def _client_to_sandbox(
                 if fin:
                     message_size = 0
             mask = await client.read_bytes(4) if head[1] & 0x80 else b""
-            await sandbox.write(head + extra + mask)
+            await out.write(head + extra + mask)
             remaining = length
             while remaining:
-                chunk = await client.read_bytes(min(remaining, 256 * 1024), partial=True)
+                chunk = await client.read_bytes(min(remaining, CHUNK), partial=True)
                 remaining -= len(chunk)
-                await sandbox.write(chunk)
+                await out.write(chunk)
     except iostream.StreamClosedError:
         pass
 
