@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 import uuid
+from queue import Empty
 from typing import Any
 
 import psutil
@@ -35,14 +36,34 @@ async def wait_pool_warm(plane: LocalControlPlane, pool: str, timeout: float = 1
 
 
 async def start_ready(kernel_name: str) -> tuple[float, AsyncKernelManager, Any]:
-    """Seconds from start_kernel to the first kernel_info reply."""
+    """Seconds from start_kernel to the first kernel_info reply (the kernel answers).
+
+    Not to the return of ``wait_for_ready``: after the reply that also waits for
+    one more IOPub message and then drains IOPub until 0.2 s pass in silence, a
+    fixed client-side wait that would put a floor under every kernel's figure.
+    ``wait_for_ready`` still runs afterwards, untimed, so the client is in the
+    same state as in normal use.
+    """
     km = AsyncKernelManager(kernel_name=kernel_name)
     started = time.perf_counter()
     await km.start_kernel()
     kc = km.client()
     kc.start_channels()
+    deadline = started + 120
+    sent: set[str] = set()
+    while True:
+        sent.add(kc.kernel_info())  # again every 0.5 s, as wait_for_ready does
+        try:
+            reply = await kc.get_shell_msg(timeout=0.5)
+        except Empty:
+            if time.perf_counter() > deadline:
+                raise TimeoutError(f"{kernel_name}: no kernel_info reply") from None
+            continue
+        if reply["parent_header"].get("msg_id") in sent:
+            break
+    seconds = time.perf_counter() - started
     await kc.wait_for_ready(timeout=120)
-    return time.perf_counter() - started, km, kc
+    return seconds, km, kc
 
 
 async def stop(km: AsyncKernelManager, kc: Any) -> None:
