@@ -20,7 +20,7 @@ import subprocess
 import time
 from typing import Any
 
-from ..control_plane.base import ClaimStatus, Endpoint
+from ..control_plane.base import ClaimStatus, ControlPlane, Endpoint
 from .exceptions import SandboxNotReadyError, SandboxPortForwardError
 from .models import (
     LocalBackendConfig,
@@ -59,7 +59,7 @@ class Connector:
     def port(self) -> int:
         return int(getattr(self.config, "server_port", DEFAULT_RUNTIME_PORT))
 
-    async def endpoint(self, status: ClaimStatus) -> Endpoint:
+    async def endpoint(self, status: ClaimStatus, plane: ControlPlane) -> Endpoint:
         if not status.sandbox:
             raise SandboxNotReadyError(f"claim {status.name} has no sandbox yet")
         given = status.endpoint
@@ -67,10 +67,11 @@ class Connector:
             if given is None:
                 raise SandboxNotReadyError(f"claim {status.name} has no endpoint yet")
             return given
-        token = given.token if given else None
         if isinstance(self.config, SandboxInClusterConnectionConfig):
+            # straight to the sandbox: no router, so no router credential either
             url = f"http://{status.sandbox}.{status.namespace}.svc.cluster.local:{self.port}"
-            return Endpoint(url, status.namespace, status.sandbox, self.port, token)
+            return Endpoint(url, status.namespace, status.sandbox, self.port)
+        token = plane.router_token(status)
         return Endpoint(await self.router_url(), status.namespace, status.sandbox, self.port, token)
 
     async def router_url(self) -> str:

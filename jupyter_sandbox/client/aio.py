@@ -349,7 +349,7 @@ class AsyncSandbox:
         except ClaimError as exc:
             raise from_claim_error(exc) from exc
         self.claim_status = status
-        endpoint = await self._connector.endpoint(status)
+        endpoint = await self._connector.endpoint(status, self._plane)
         await self._http.aclose()
         self._http.endpoint = endpoint
 
@@ -544,7 +544,7 @@ class AsyncSandboxClient:
 
     async def _handle(self, plane: ControlPlane, status: ClaimStatus) -> AsyncSandbox:
         assert status.sandbox is not None
-        endpoint = await self._connector.endpoint(status)
+        endpoint = await self._connector.endpoint(status, plane)
         sandbox = AsyncSandbox(
             status.name,
             status.sandbox,

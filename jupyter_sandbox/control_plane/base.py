@@ -210,6 +210,11 @@ class ControlPlane(abc.ABC):
         """
         return await self.status(name)
 
+    def router_token(self, status: ClaimStatus) -> str | None:
+        """What to show a router for ``status``'s sandbox (``Authorization: Bearer``),
+        whichever router URL the caller uses; None when the router wants nothing."""
+        return status.endpoint.token if status.endpoint else None
+
     @abc.abstractmethod
     async def list_pools(self) -> list[PoolStatus]:
         """Pools with their warm and target counts."""

@@ -241,3 +241,16 @@ async def test_backend_sends_the_hub_token_and_names_the_user(
         await plane.release(status.name)
     finally:
         await plane.close()
+
+    # without router_url (the SDK names the router itself): the pod-IP endpoint
+    # carries no credential, and router_token still gives the hub token
+    options.pop("router_url")
+    plane = KubernetesControlPlane(**options)
+    try:
+        status = await plane.claim(ClaimRequest(pool="pool", labels={}))
+        status = await plane.wait_ready(status.name, timeout=60)
+        assert status.endpoint is None or status.endpoint.token is None
+        assert plane.router_token(status) == "hub-token-of-alice"
+        await plane.release(status.name)
+    finally:
+        await plane.close()

@@ -754,6 +754,19 @@ class KubernetesControlPlane(ControlPlane):
             resources=resources,
         )
 
+    def router_token(self, status: ClaimStatus) -> str | None:
+        if not status.sandbox:
+            return None
+        return self._router_token(
+            status.namespace, status.sandbox, status.labels.get(USER_LABEL, "")
+        )
+
+    def _router_token(self, ns: str, sb_name: str, user: str) -> str | None:
+        """The hub token (router_auth jupyterhub) or a scoped token (router_auth token)."""
+        if self.authority is not None:
+            return self.authority.issue(Scope(ns, sb_name, user), ttl=self.token_ttl)
+        return self.hub_token
+
     def _endpoint(
         self,
         claim: dict[str, Any],
@@ -764,12 +777,13 @@ class KubernetesControlPlane(ControlPlane):
         if not sb_name:
             return None
         if self.router_url:
-            token = self.hub_token
-            if self.authority is not None:
-                user = (claim["metadata"].get("labels") or {}).get(USER_LABEL, "")
-                token = self.authority.issue(Scope(ns, sb_name, user), ttl=self.token_ttl)
+            user = (claim["metadata"].get("labels") or {}).get(USER_LABEL, "")
             return Endpoint(
-                router_url=self.router_url, namespace=ns, name=sb_name, port=self.port, token=token
+                router_url=self.router_url,
+                namespace=ns,
+                name=sb_name,
+                port=self.port,
+                token=self._router_token(ns, sb_name, user),
             )
         ips = ((sandbox or {}).get("status") or {}).get("podIPs") or []
         if not ips:
