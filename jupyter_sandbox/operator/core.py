@@ -485,12 +485,21 @@ class LeaderElector:
 
 
 class EventRecorder:
-    """core/v1 Events, de-duplicated in memory per (object uid, reason, message)."""
+    """core/v1 Events, de-duplicated in memory per (object uid, reason, message).
 
-    def __init__(self, client: Client, component: str = "jupyter-sandbox-operator") -> None:
+    Like client-go's recorder, ``record`` does not wait for the API: the write
+    runs in the background (at most ``concurrency`` at once), so a reconcile is
+    never slowed by its events.  Events are best effort; ``drain`` waits for
+    the writes in flight (shutdown, tests)."""
+
+    def __init__(
+        self, client: Client, component: str = "jupyter-sandbox-operator", concurrency: int = 8
+    ) -> None:
         self.client = client
         self.component = component
         self._seen: dict[tuple[str, str, str], tuple[str, int]] = {}
+        self._slots = asyncio.Semaphore(concurrency)
+        self._inflight: set[asyncio.Task[None]] = set()
 
     async def record(self, obj: dict, etype: str, reason: str, message: str) -> None:
         md = obj["metadata"]
@@ -498,14 +507,16 @@ class EventRecorder:
         k = (md.get("uid", ""), reason, message)
         ts = now_rfc3339()
         prev = self._seen.get(k)
-        try:
-            if prev:
-                name, count = prev
-                await self.client.patch(EVENT, ns, name, {"count": count + 1, "lastTimestamp": ts})
-                self._seen[k] = (name, count + 1)
-                return
+        if prev:
+            name, count = prev
+            self._seen[k] = (name, count + 1)
+            write = self.client.patch(EVENT, ns, name, {"count": count + 1, "lastTimestamp": ts})
+        else:
             name = f"{md['name']}.{uuid.uuid4().hex[:12]}"
-            await self.client.create(
+            if len(self._seen) >= 10000:
+                self._seen.clear()
+            self._seen[k] = (name, 1)
+            write = self.client.create(
                 EVENT,
                 ns,
                 {
@@ -529,9 +540,18 @@ class EventRecorder:
                     "count": 1,
                 },
             )
-            self._seen[k] = (name, 1)
-            if len(self._seen) > 10000:
-                self._seen.clear()
-        except ApiError as e:
-            log.info("event not recorded", extra={"reason": reason, "error": str(e)})
-            self._seen.pop(k, None)
+        task = asyncio.create_task(self._write(write, k, reason))
+        self._inflight.add(task)
+        task.add_done_callback(self._inflight.discard)
+
+    async def _write(self, write: Awaitable[Any], k: tuple[str, str, str], reason: str) -> None:
+        async with self._slots:
+            try:
+                await write
+            except ApiError as e:
+                log.info("event not recorded", extra={"reason": reason, "error": str(e)})
+                self._seen.pop(k, None)
+
+    async def drain(self) -> None:
+        while self._inflight:
+            await asyncio.gather(*list(self._inflight), return_exceptions=True)

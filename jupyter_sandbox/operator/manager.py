@@ -255,6 +255,10 @@ class Operator:
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            try:
+                await asyncio.wait_for(self.events.drain(), 5)  # best effort, briefly
+            except TimeoutError:
+                pass
             if elector is not None and rc == 0:
                 await elector.release()
             if runner is not None:
