@@ -13,7 +13,8 @@ root = os.environ["JSBX_HUB_ROOT"]
 
 c.JupyterHub.ip = "127.0.0.1"
 c.JupyterHub.port = int(os.environ["JSBX_HUB_PORT"])
-c.JupyterHub.hub_ip = "127.0.0.1"
+# the hub API on another address when pods must reach it (the real-node tests)
+c.JupyterHub.hub_ip = os.environ.get("JSBX_HUB_API_IP", "127.0.0.1")
 c.JupyterHub.hub_port = int(os.environ["JSBX_HUB_API_PORT"])
 c.ConfigurableHTTPProxy.api_url = f"http://127.0.0.1:{os.environ['JSBX_HUB_PROXY_API_PORT']}"
 c.ConfigurableHTTPProxy.command = [os.environ["JSBX_HUB_CHP"]]

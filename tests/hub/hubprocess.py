@@ -73,9 +73,12 @@ class Hub:
 
 
 @contextmanager
-def running_hub(root: Path, users: tuple[str, ...], *, spawn: bool) -> Iterator[Hub]:
+def running_hub(
+    root: Path, users: tuple[str, ...], *, spawn: bool, api_ip: str = "127.0.0.1"
+) -> Iterator[Hub]:
     """JupyterHub with ``users`` and an API token each; with ``spawn`` their
-    single-user servers too (stopped again on exit)."""
+    single-user servers too (stopped again on exit).  The hub's own API listens
+    on ``api_ip``."""
     chp = find_chp()
     if chp is None:
         message = "configurable-http-proxy not found (npm install -g configurable-http-proxy)"
@@ -94,6 +97,7 @@ def running_hub(root: Path, users: tuple[str, ...], *, spawn: bool) -> Iterator[
         "JSBX_HUB_PROXY_API_PORT": str(free_port()),
         "JSBX_HUB_CHP": chp,
         "JSBX_HUB_ADMIN_TOKEN": uuid.uuid4().hex,
+        "JSBX_HUB_API_IP": api_ip,
     }
     log = open(root / "hub.log", "wb")
     proc = subprocess.Popen(
@@ -106,7 +110,7 @@ def running_hub(root: Path, users: tuple[str, ...], *, spawn: bool) -> Iterator[
     log.close()
     hub = Hub(
         f"http://127.0.0.1:{port}",
-        f"http://127.0.0.1:{api_port}/hub/api",
+        f"http://{api_ip}:{api_port}/hub/api",
         env["JSBX_HUB_ADMIN_TOKEN"],
         root,
         proc,

@@ -18,11 +18,15 @@ import copy
 import json
 import os
 import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
 
+from tests.hub.hubprocess import Hub, running_hub
 from tests.operator.conftest import CLAIM, POOL, SB, TPL, Kube, is_ready, wait_for
 
 from .conftest import pod_ready, run, sandbox_pod
@@ -103,7 +107,22 @@ def _delete_quietly(fn, *args) -> None:
 
 
 @pytest.fixture(scope="module")
-def deployed(kube_node_cluster, tmp_path_factory):
+def hub(tmp_path_factory) -> Iterator[Hub]:
+    """A real JupyterHub with users alice and bob; its API listens on all addresses
+    so that router pods reach it on the node's bridge address (which exists only
+    once the first pod is networked)."""
+    with running_hub(
+        tmp_path_factory.mktemp("hub"), ("alice", "bob"), spawn=False, api_ip="0.0.0.0"
+    ) as hub:
+        yield hub
+
+
+def hub_url_for_pods(hub: Hub, node_ip: str) -> str:
+    return hub.api_url.replace("0.0.0.0", node_ip)
+
+
+@pytest.fixture(scope="module")
+def deployed(kube_node_cluster, hub, tmp_path_factory):
     """deploy/ applied; operator and router Available; the example pool Ready."""
     from kubernetes import client
 
@@ -146,6 +165,14 @@ def deployed(kube_node_cluster, tmp_path_factory):
             {
                 "metadata": {"name": "jupyter-sandbox-router-token"},
                 "stringData": {"secret": SECRET},
+            },
+        )
+        # and the hub's API URL (deploy/README.md, JupyterHub): hub users' tokens too
+        core.create_namespaced_config_map(
+            SYSTEM_NS,
+            {
+                "metadata": {"name": "jupyter-sandbox-router"},
+                "data": {"hubApiUrl": hub_url_for_pods(hub, kube_node_cluster.node.node_ip)},
             },
         )
         server_side_apply(api, docs)
@@ -355,3 +382,56 @@ async def test_notebook_through_deployed_router(kube_node_cluster, deployed, tmp
         f"\n[deploy] kernel start via the deployed router {start_s:.2f}s;"
         f" resume to first reply {resume_s:.1f}s"
     )
+
+
+def _router_status(router_url: str, sandbox: str, token: str) -> int:
+    request = urllib.request.Request(
+        f"{router_url}/exists/hub.txt",
+        headers={
+            "X-Sandbox-ID": sandbox,
+            "X-Sandbox-Namespace": SANDBOX_NS,
+            "X-Sandbox-Port": "8888",
+            "Authorization": f"token {token}",
+        },
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def test_hub_user_sdk_through_deployed_router(kube_node_cluster, deployed, hub, monkeypatch):
+    """The z2jh recipe's authorization on real pods: the SDK as hub user alice
+    (router_auth jupyterhub, her hub token, no router secret) through the
+    deployed router pod; bob's token and a hub service's token are refused."""
+    from jupyter_sandbox.client import SandboxClient
+    from jupyter_sandbox.client.models import SandboxDirectConnectionConfig
+
+    core, kube = deployed["core"], deployed["kube"]
+    router_url = f"http://{_router_pod_ip(core)}:8080"
+    monkeypatch.setenv("JUPYTERHUB_USER", "alice")
+    monkeypatch.setenv("JUPYTERHUB_API_TOKEN", hub.tokens["alice"])
+    client = SandboxClient(
+        connection_config=SandboxDirectConnectionConfig(api_url=router_url),
+        backend_options={
+            "kubeconfig": str(kube_node_cluster.kubeconfig),
+            "router_auth": "jupyterhub",
+        },
+    )
+    try:
+        sb = client.create_sandbox(warmpool="python", namespace=SANDBOX_NS)
+        claim = kube.get(CLAIM, sb.claim_name)
+        assert claim["metadata"]["annotations"]["jupyter-sandbox/user"] == "alice"
+        sb.files.write("hub.txt", "alice's\n")
+        result = sb.commands.run("cat hub.txt")
+        assert (result.exit_code, result.stdout) == (0, "alice's\n")
+        assert sb.files.read("hub.txt") == b"alice's\n"
+        assert _router_status(router_url, sb.sandbox_id, hub.tokens["alice"]) == 200
+        assert _router_status(router_url, sb.sandbox_id, hub.tokens["bob"]) == 403
+        assert _router_status(router_url, sb.sandbox_id, hub.admin_token) == 403
+        name = sb.claim_name
+        sb.terminate()
+        wait_for(lambda: kube.get(CLAIM, name) is None, 60, what="claim deleted")
+    finally:
+        client.close()
