@@ -15,6 +15,7 @@ its Sandbox through the garbage collector (controller ownerReference).
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import time
 from typing import TYPE_CHECKING
@@ -278,7 +279,7 @@ class ClaimReconciler:
             if claim is None:
                 self._forget_missing()
             return None
-        ns, name = key
+        ns, _ = key
         uid = claim["metadata"]["uid"]
         spec = claim.get("spec", {})
         lc = spec.get("lifecycle") or {}
@@ -348,19 +349,9 @@ class ClaimReconciler:
 
         # annotate + status -------------------------------------------------------
         sbname = sandbox["metadata"]["name"]
-        if (claim["metadata"].get("annotations") or {}).get(ASSIGNED_SANDBOX_ANNOTATION) != sbname:
-            try:
-                claim = await op.client.patch(
-                    CLAIM,
-                    ns,
-                    name,
-                    {"metadata": {"annotations": {ASSIGNED_SANDBOX_ANNOTATION: sbname}}},
-                )
-                op.claims.upsert_local(claim)
-            except ApiError as e:
-                if e.not_found:
-                    return None
-                raise
+        annotated = (claim["metadata"].get("annotations") or {}).get(
+            ASSIGNED_SANDBOX_ANNOTATION
+        ) == sbname
         sready = get_condition(sandbox, "Ready")
         if sready is not None and sready.get("reason") == "SandboxExpired":
             cond = (
@@ -382,8 +373,32 @@ class ClaimReconciler:
                 "SandboxNotReady",
                 (sready or {}).get("message") or "Sandbox is not ready",
             )
-        await self._set_status(claim, sandbox, cond)
-        return result
+        if annotated:
+            await self._set_status(claim, sandbox, cond)
+            return result
+        # The annotation (metadata) and the status (its own subresource) are
+        # independent merge patches: one round trip for both, not two in turn.
+        still_there, _ = await asyncio.gather(
+            self._annotate(claim, sbname), self._set_status(claim, sandbox, cond)
+        )
+        return result if still_there else None
+
+    async def _annotate(self, claim: dict, sbname: str) -> bool:
+        """Record the claim's sandbox in its annotation; False if the claim is gone."""
+        md = claim["metadata"]
+        try:
+            updated = await self.op.client.patch(
+                CLAIM,
+                md["namespace"],
+                md["name"],
+                {"metadata": {"annotations": {ASSIGNED_SANDBOX_ANNOTATION: sbname}}},
+            )
+        except ApiError as e:
+            if e.not_found:
+                return False
+            raise
+        self.op.claims.upsert_local(updated)
+        return True
 
     def _forget_missing(self) -> None:
         live = {c["metadata"]["uid"] for c in self.op.claims.items()}
