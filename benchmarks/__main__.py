@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     if "router" in only:
         from .router_load import router_figures
 
-        figures += router_figures(args.router_seconds, args.router_reps)
+        figures += router_figures(args.router_seconds, args.router_reps, build=not args.quick)
     if "kubernetes" in only:
         figures += kubernetes_figures(args)
     print(table(figures))

@@ -39,6 +39,7 @@ from jupyter_sandbox.control_plane.base import ClaimRequest, Phase
 from jupyter_sandbox.control_plane.kubernetes.backend import KubernetesControlPlane
 
 from .stats import Figure, Series
+from .upstream import upstream_program
 
 REPO = Path(__file__).resolve().parents[1]
 CRD_DIR = REPO / "deploy" / "crds"
@@ -80,19 +81,7 @@ def unavailable_reason() -> str | None:
 
 def upstream_controller(build: bool) -> tuple[Path | None, str]:
     """The upstream controller binary (building it if ``build``), or None and why not."""
-    script = Path(__file__).with_name("build-upstream.sh")
-    argv = ["bash", str(script)] + ([] if build else ["--check"])
-    proc = subprocess.run(argv, capture_output=True, text=True, check=False)
-    lines = proc.stdout.strip().splitlines()
-    if proc.returncode == 0 and lines and Path(lines[-1]).is_file():
-        return Path(lines[-1]), ""
-    if not build:
-        return None, (
-            "the upstream agent-sandbox controller is not built (quick mode does not build it; "
-            "run benchmarks/build-upstream.sh or the full mode once)"
-        )
-    err = proc.stderr.strip().splitlines()
-    return None, f"building the upstream controller failed: {err[-1] if err else proc.returncode}"
+    return upstream_program("controller", build)
 
 
 # --------------------------------------------------------------------------- API client
