@@ -53,3 +53,18 @@ def test_hub_authorization_needs_owners_and_a_url() -> None:
         Authorizer(hub=HubIdentity("http://hub/hub/api"))
     with pytest.raises(ValueError, match="http"):
         HubIdentity("hub:8081")
+
+
+def test_a_verified_token_still_expires() -> None:
+    """Tokens are verified once and remembered, but not past their expiry."""
+    import time
+
+    authority = TokenAuthority(SECRET)
+    token = authority.issue(Scope("ns", "sb"), ttl=1)
+    assert authority.check(token, "ns", "sb").name == "sb"  # verified, remembered
+    with pytest.raises(TokenRefused):
+        authority.check(token, "ns", "other")  # remembered claims still scope it
+    time.sleep(1.1)
+    with pytest.raises(TokenRefused) as err:
+        authority.check(token, "ns", "sb")
+    assert err.value.status == 403 and "expired" in err.value.reason
