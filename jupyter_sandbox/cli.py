@@ -114,13 +114,7 @@ def cmd_pool(args: argparse.Namespace) -> int:
         try:
             if args.pool_cmd == "list":
                 pools = [p.to_json() for p in await plane.list_pools()]
-                _print(
-                    pools,
-                    args.json,
-                    lambda rows: _table(
-                        rows, ["name", "replicas", "ready", "starting", "claimed", "isolation"]
-                    ),
-                )
+                _print(pools, args.json, _pool_table)
             elif args.pool_cmd == "create":
                 spec: dict[str, Any] = {"replicas": args.replicas, "network": not args.no_network}
                 if args.memory_mb:
@@ -215,6 +209,13 @@ def run_program(name: str, argv: list[str]) -> int:
 
     module = importlib.import_module(PASSTHROUGH[name])
     return int(module.main(argv) or 0)
+
+
+def _pool_table(rows: list[dict[str, Any]]) -> None:
+    _table(rows, ["name", "replicas", "ready", "starting", "claimed", "isolation"])
+    for row in rows:
+        if row.get("message"):
+            print(f"{row['name']}: {row['message']}")
 
 
 def _table(rows: list[dict[str, Any]], columns: list[str]) -> None:

@@ -145,6 +145,32 @@ async def test_pools_validate_their_input(plane: LocalControlPlane) -> None:
     assert "ok-name" not in names
 
 
+async def test_a_pool_that_cannot_start_says_why(plane: LocalControlPlane) -> None:
+    """Members that keep exiting (here: a memory limit too small to load Python)
+    are reported with the last line of their log, not left "starting" silently."""
+    await plane.apply_pool("starved", {"replicas": 1, "memory_mb": 8})
+    try:
+
+        async def explained() -> str:
+            pool = next(p for p in await plane.list_pools() if p.name == "starved")
+            assert pool.ready == 0
+            return pool.message
+
+        message = await wait_for(explained, 60)
+        assert message.startswith("sandboxes keep exiting: ")
+        assert "(log: " in message and message.endswith(".log)")
+        result = subprocess.run(
+            [sys.executable, "-m", "jupyter_sandbox.cli", "pool", "list"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert "starved: sandboxes keep exiting" in result.stdout
+    finally:
+        await plane.delete_pool("starved")
+    assert "starved" not in [p.name for p in await plane.list_pools()]
+
+
 def test_cli_reports_errors_plainly() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "jupyter_sandbox.cli", "pool", "create", "Bad_Name"],

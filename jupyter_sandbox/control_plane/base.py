@@ -167,6 +167,7 @@ class PoolStatus:
     claimed: int = 0
     isolation: str = "unknown"
     display_name: str = ""
+    message: str = ""  # why members do not get ready, when they keep failing
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import shutil
 import time
 from collections.abc import Callable
@@ -216,7 +217,16 @@ class LocalController:
             "claimed": claimed,
             "isolation": self.isolation.kind,
             "display_name": pool.display_name or f"Python 3 (sandbox: {pool.name})",
+            "message": self._failing(owned),
         }
+
+    def _failing(self, sandboxes: list[Sandbox]) -> str:
+        """Why a pool does not fill: the last log line of a member that keeps exiting."""
+        for sandbox in sandboxes:
+            if not sandbox.ready and len(self._failures.get(sandbox.name, ())) >= 2:
+                path = self._log_path(sandbox.name)
+                return f"sandboxes keep exiting: {_last_line(path)} (log: {path})"
+        return ""
 
     # -- the loop ----------------------------------------------------------
 
@@ -538,3 +548,14 @@ def _reap_stale_process(pid: int | None) -> None:
     for child in proc.children(recursive=True):
         child.kill()
     proc.kill()
+
+
+def _last_line(path: str, limit: int = 8192) -> str:
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            handle.seek(max(0, handle.tell() - limit))
+            lines = handle.read().decode(errors="replace").strip().splitlines()
+    except OSError:
+        return "no log"
+    return lines[-1][:300] if lines else "empty log"
