@@ -1,20 +1,50 @@
-"""Send on a zmq.asyncio socket without the asyncio machinery when it can go at once."""
+"""Send and receive on zmq.asyncio sockets without the asyncio machinery when a
+message can go, or is there, at once."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import zmq
 import zmq.asyncio
+
+# Readers that take ready messages synchronously yield to their loop this often.
+YIELD_EVERY = 32
+
+_send = zmq.Socket.send  # the synchronous send, not zmq.asyncio's override
 
 
 def send_now(sock: zmq.asyncio.Socket, frames: Sequence[bytes | memoryview]) -> None:
     """A direct non-blocking send; only a full queue falls back to the awaitable path.
 
     zmq.asyncio's send_multipart builds futures and registers events for every
-    message, which costs more than the send itself on a kernel's message rate.
+    frame, which costs more than the send itself at a kernel's message rate.
+    (``zmq.Socket.send_multipart(sock, ...)`` would not avoid that: it calls
+    ``sock.send``, which is the asyncio override; hence the frame loop here.)
     """
+    last = len(frames) - 1
     try:
-        zmq.Socket.send_multipart(sock, frames, zmq.NOBLOCK, copy=False)
+        _send(sock, frames[0], zmq.NOBLOCK | (zmq.SNDMORE if last else 0), copy=False)
     except zmq.Again:
         sock.send_multipart(frames, copy=False)
+        return
+    # Once the first part is queued the message is accepted whole (zmq delivers
+    # all parts or none), so the rest cannot meet a full queue.
+    for index in range(1, last + 1):
+        _send(sock, frames[index], zmq.SNDMORE if index < last else 0, copy=False)
+
+
+_recv = zmq.Socket.recv
+
+
+def recv_now(sock: zmq.asyncio.Socket, *, copy: bool = True) -> list[Any] | None:
+    """A whole multipart message if one is waiting (None if not), read without
+    zmq.asyncio's futures; callers await ``recv_multipart`` only when this is None."""
+    try:
+        frames = [_recv(sock, zmq.NOBLOCK, copy=copy)]
+    except zmq.Again:
+        return None
+    while sock.getsockopt(zmq.RCVMORE):
+        frames.append(_recv(sock, 0, copy=copy))
+    return frames
