@@ -14,6 +14,7 @@ import pytest
 from jupyter_sandbox.client import (
     SandboxClient,
     SandboxDirectConnectionConfig,
+    SandboxGatewayConnectionConfig,
     SandboxInClusterConnectionConfig,
     SandboxWarmPoolNotFoundError,
 )
@@ -68,6 +69,87 @@ def test_sdk_router_mode_uses_the_router_url(kube, kube_cluster, warm_pool) -> N
         assert sb.endpoint.router_url == "http://router.example:8080"
         assert sb.endpoint.headers()["X-Sandbox-ID"] == sb.sandbox_id
         assert sb.endpoint.headers()["X-Sandbox-Namespace"] == kube.ns
+        name = sb.claim_name
+    wait_for(lambda: gone(kube, name), 30, what="the claim deleted")
+    client.close()
+
+
+GATEWAY_CRD = {
+    # just enough of Gateway API's CRD for a Gateway with a status
+    "apiVersion": "apiextensions.k8s.io/v1",
+    "kind": "CustomResourceDefinition",
+    "metadata": {
+        "name": "gateways.gateway.networking.k8s.io",
+        # *.k8s.io groups need it; the real CRD carries the same annotation
+        "annotations": {
+            "api-approved.kubernetes.io": "https://github.com/kubernetes-sigs/gateway-api/pull/2466"
+        },
+    },
+    "spec": {
+        "group": "gateway.networking.k8s.io",
+        "scope": "Namespaced",
+        "names": {"plural": "gateways", "singular": "gateway", "kind": "Gateway"},
+        "versions": [
+            {
+                "name": "v1",
+                "served": True,
+                "storage": True,
+                "subresources": {"status": {}},
+                "schema": {
+                    "openAPIV3Schema": {
+                        "type": "object",
+                        "x-kubernetes-preserve-unknown-fields": True,
+                    }
+                },
+            }
+        ],
+    },
+}
+
+
+def test_sdk_gateway_mode(kube, api_client, kube_cluster, warm_pool) -> None:  # noqa: F811
+    """SandboxGatewayConnectionConfig: the router URL comes from the Gateway's
+    status.addresses, which the SDK watches until one is there."""
+    import threading
+    import time
+
+    from kubernetes import client as k8s
+
+    ext = k8s.ApiextensionsV1Api(api_client)
+    try:
+        ext.create_custom_resource_definition(GATEWAY_CRD)
+    except k8s.ApiException as exc:
+        if exc.status != 409:
+            raise
+    group, version, plural = "gateway.networking.k8s.io", "v1", "gateways"
+    wait_for(
+        lambda: kube.co.list_namespaced_custom_object(group, version, kube.ns, plural) is not None,
+        30,
+        what="the Gateway CRD served",
+    )
+    gateway = {"apiVersion": f"{group}/{version}", "kind": "Gateway", "metadata": {"name": "gw"}}
+    gateway["spec"] = {"gatewayClassName": "test", "listeners": []}
+    kube.co.create_namespaced_custom_object(group, version, kube.ns, plural, gateway)
+
+    def program_the_gateway() -> None:  # as a Gateway controller would, a moment later
+        time.sleep(1)
+        kube.co.patch_namespaced_custom_object_status(
+            group,
+            version,
+            kube.ns,
+            plural,
+            "gw",
+            {"status": {"addresses": [{"type": "IPAddress", "value": "10.1.2.3"}]}},
+        )
+
+    threading.Thread(target=program_the_gateway, daemon=True).start()
+    config = SandboxGatewayConnectionConfig(
+        gateway_name="gw", gateway_namespace=kube.ns, gateway_ready_timeout=30
+    )
+    client = SandboxClient(config, backend_options={"kubeconfig": str(kube_cluster.kubeconfig)})
+    with client.create_sandbox("pool", namespace=kube.ns) as sb:
+        assert sb.endpoint.router_url == "http://10.1.2.3"
+        assert sb.endpoint.headers()["X-Sandbox-ID"] == sb.sandbox_id
         name = sb.claim_name
     wait_for(lambda: gone(kube, name), 30, what="the claim deleted")
     client.close()
