@@ -7,7 +7,7 @@
 #
 # With --node (or WITH_NODE=1) also what a real node needs:
 #
-#   kubelet, kube-proxy                         (k8s.io/kubernetes, same wrapper module)
+#   kubelet, kube-proxy, kubectl                (k8s.io/kubernetes, same wrapper module)
 #   containerd, ctr, containerd-shim-runc-v2    (github.com/containerd/containerd/v2)
 #   pause                                       (tests/cluster/pause, our own few lines)
 #
@@ -64,7 +64,7 @@ sample-controller streaming"
 
 K8S_BINS="kube-apiserver kube-controller-manager kube-scheduler"
 CTRD_BINS="containerd ctr containerd-shim-runc-v2"
-if [[ -n "$WITH_NODE" ]]; then K8S_BINS="$K8S_BINS kubelet kube-proxy"; fi
+if [[ -n "$WITH_NODE" ]]; then K8S_BINS="$K8S_BINS kubelet kube-proxy kubectl"; fi
 ALL_BINS="etcd kwok $K8S_BINS"
 START=$SECONDS
 

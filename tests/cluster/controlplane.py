@@ -141,6 +141,30 @@ def _write_pki(d: Path, extra_ips: tuple[str, ...] = ()) -> None:
         )
         .sign(ca_key, hashes.SHA256())
     )
+    # the API server's client certificate towards kubelets (logs, exec, port-forward)
+    kc_key = ec.generate_private_key(ec.SECP256R1())
+    kc = (
+        x509.CertificateBuilder()
+        .subject_name(
+            x509.Name(
+                [
+                    x509.NameAttribute(NameOID.ORGANIZATION_NAME, "system:masters"),
+                    x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver-kubelet-client"),
+                ]
+            )
+        )
+        .issuer_name(ca_name)
+        .public_key(kc_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now)
+        .not_valid_after(later)
+        .add_extension(
+            x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    (d / "kubelet-client.crt").write_bytes(kc.public_bytes(serialization.Encoding.PEM))
+    (d / "kubelet-client.key").write_bytes(pem_key(kc_key))
     sa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     (d / "ca.crt").write_bytes(ca.public_bytes(serialization.Encoding.PEM))
     (d / "ca.key").write_bytes(pem_key(ca_key))
@@ -263,6 +287,12 @@ class ControlPlane:
                     [
                         f"--advertise-address={self.pod_reachable_address}",
                         "--endpoint-reconciler-type=lease",
+                        # kubelet streaming (port-forward, logs): dial the node's
+                        # address (its name does not resolve here), as a client
+                        # the kubelet's x509 authenticator accepts
+                        "--kubelet-preferred-address-types=InternalIP",
+                        f"--kubelet-client-certificate={pki / 'kubelet-client.crt'}",
+                        f"--kubelet-client-key={pki / 'kubelet-client.key'}",
                     ]
                     if in_cluster
                     else ["--endpoint-reconciler-type=none"]

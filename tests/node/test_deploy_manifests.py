@@ -435,3 +435,39 @@ def test_hub_user_sdk_through_deployed_router(kube_node_cluster, deployed, hub, 
         wait_for(lambda: kube.get(CLAIM, name) is None, 60, what="claim deleted")
     finally:
         client.close()
+
+
+def test_sdk_local_tunnel_to_deployed_router(kube_node_cluster, deployed, tmp_path, monkeypatch):
+    """SandboxLocalTunnelConnectionConfig: `kubectl port-forward` (kubectl built
+    with the node binaries) to the router's Service, through the API server and
+    the kubelet, then commands and files in a real sandbox pod, with a scoped
+    token signed by the deployment's router secret."""
+    from jupyter_sandbox.client import SandboxClient, SandboxLocalTunnelConnectionConfig
+    from tests.cluster.controlplane import find_binary
+
+    kubectl = find_binary("kubectl")
+    assert kubectl is not None, "build.sh --node builds kubectl"
+    monkeypatch.setenv("PATH", f"{kubectl.parent}{os.pathsep}{os.environ['PATH']}")
+    secret_file = tmp_path / "router-secret"
+    secret_file.write_text(SECRET)
+    config = SandboxLocalTunnelConnectionConfig(
+        router_namespace=SYSTEM_NS, router_service="svc/jupyter-sandbox-router"
+    )
+    client = SandboxClient(
+        config,
+        backend_options={
+            "kubeconfig": str(kube_node_cluster.kubeconfig),
+            "token_secret_file": str(secret_file),
+        },
+    )
+    try:
+        sb = client.create_sandbox(warmpool="python", namespace=SANDBOX_NS)
+        assert sb.endpoint.router_url.startswith("http://127.0.0.1:")
+        sb.files.write("tunnel.txt", "through kubectl port-forward\n")
+        result = sb.commands.run("cat tunnel.txt")
+        assert (result.exit_code, result.stdout) == (0, "through kubectl port-forward\n")
+        name = sb.claim_name
+        sb.terminate()
+        wait_for(lambda: deployed["kube"].get(CLAIM, name) is None, 60, what="claim deleted")
+    finally:
+        client.close()

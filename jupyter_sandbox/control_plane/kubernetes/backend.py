@@ -224,8 +224,6 @@ class KubernetesControlPlane(ControlPlane):
                     "router_auth 'jupyterhub' needs JUPYTERHUB_USER and JUPYTERHUB_API_TOKEN",
                     hint="JupyterHub sets both for every single-user server",
                 )
-        if self.router_auth != "none" and not self.router_url:
-            log.warning("router_auth %r without router_url: unused", self.router_auth)
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._max_threads = max(4, int(max_threads))
         self._kube: kc.KubeConfig | None = None
