@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -45,13 +46,18 @@ def test_kernelspec_and_server_config() -> None:
     assert server["ServerApp"]["kernel_manager_class"].endswith("SandboxKernelManager")
 
 
+ADMISSION = ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
+
+
 def test_rbac_is_namespaced_and_minimal() -> None:
     docs = {d["kind"]: d for d in rbac()}
-    assert set(docs) == {"ServiceAccount", "Role", "RoleBinding"}  # no Cluster* objects
+    # no Cluster* grants; the cluster-scoped objects only restrict (admission policy)
+    assert set(docs) == {"ServiceAccount", "Role", "RoleBinding", *ADMISSION}
     sa = docs["ServiceAccount"]["metadata"]["name"]
     assert values()["singleuser"]["serviceAccountName"] == sa
     namespace = docs["ServiceAccount"]["metadata"]["namespace"]
-    assert {d["metadata"]["namespace"] for d in docs.values()} == {namespace}
+    granted = [d for kind, d in docs.items() if kind not in ADMISSION]
+    assert {d["metadata"]["namespace"] for d in granted} == {namespace}
     binding = docs["RoleBinding"]
     assert binding["roleRef"] == {
         "apiGroup": "rbac.authorization.k8s.io",
@@ -88,7 +94,7 @@ def test_rbac_on_the_api_server(kube_cluster: Any) -> None:
         if exc.status != 409:
             raise
     try:
-        docs = rbac()
+        docs = [d for d in rbac() if d["kind"] not in ADMISSION]
         for doc in docs:
             doc["metadata"]["namespace"] = namespace
         docs[-1]["subjects"][0]["namespace"] = namespace
@@ -126,4 +132,122 @@ def test_rbac_on_the_api_server(kube_cluster: Any) -> None:
         assert not allowed("create", "", "pods")
         assert not allowed("list", "", "pods")
     finally:
+        core.delete_namespace(namespace)
+
+
+@pytest.mark.cluster
+def test_admission_policy_limits_sandbox_patches(kube_cluster: Any, tmp_path: Path) -> None:
+    """RBAC lets the single-user service account patch Sandboxes (suspend and
+    resume); the admission policy of rbac.yaml keeps that to spec.operatingMode
+    and the resumed-at annotation, so no user can re-point or relabel a Sandbox
+    of another user. Tested as that service account on the real API server."""
+    from kubernetes import client, utils
+
+    from jupyter_sandbox.control_plane.kubernetes import client as kc
+
+    api = kube_cluster.api_client()
+    core = client.CoreV1Api(api)
+    namespace = "jhub-admission-test"
+    core.create_namespace({"metadata": {"name": namespace}})
+    admission = [d for d in rbac() if d["kind"] in ADMISSION]
+    adm = client.AdmissionregistrationV1Api(api)
+    try:
+        docs = [d for d in rbac() if d["kind"] not in ADMISSION]
+        for doc in docs:
+            doc["metadata"]["namespace"] = namespace
+        docs[-1]["subjects"][0]["namespace"] = namespace
+        utils.create_from_yaml(api, yaml_objects=docs, namespace=namespace)
+        adm.create_validating_admission_policy(admission[0])
+        adm.create_validating_admission_policy_binding(admission[1])
+        co = client.CustomObjectsApi(api)
+        group, version, plural = kc.SANDBOX
+        for name in ("bobs", "probe"):
+            co.create_namespaced_custom_object(
+                group,
+                version,
+                namespace,
+                plural,
+                {
+                    "apiVersion": f"{group}/{version}",
+                    "kind": "Sandbox",
+                    "metadata": {"name": name, "labels": {"jupyter-sandbox/user": "bob"}},
+                    "spec": {
+                        "podTemplate": {"spec": {"containers": [{"name": "c", "image": "x"}]}}
+                    },
+                },
+            )
+        token = core.create_namespaced_service_account_token(
+            "jupyter-sandbox-singleuser", namespace, {"spec": {"expirationSeconds": 600}}
+        ).status.token
+        cfg = yaml.safe_load(Path(kube_cluster.kubeconfig).read_text())
+        cfg["users"] = [{"name": "singleuser", "user": {"token": token}}]
+        cfg["contexts"][0]["context"]["user"] = "singleuser"
+        (tmp_path / "kubeconfig").write_text(yaml.safe_dump(cfg))
+        as_user = client.CustomObjectsApi(
+            kc.load(kubeconfig=str(tmp_path / "kubeconfig")).api_client
+        )
+
+        def patch(body: dict[str, Any], name: str = "bobs") -> int:
+            try:
+                as_user.patch_namespaced_custom_object(
+                    group, version, namespace, plural, name, body
+                )
+            except client.ApiException as exc:
+                return int(exc.status)
+            return 200
+
+        refused = {"metadata": {"labels": {"jupyter-sandbox/user": "alice"}}}
+        # The policy takes effect once the API server's admission plugin has
+        # loaded it and its REST mapper knows the Sandbox kind, which on a
+        # freshly started API server with new CRDs can take a while.
+        deadline = time.monotonic() + 120
+        started = time.monotonic()
+        # on a probe, with a new value each time (a patch that changes nothing passes)
+        # (422 is the policy's answer; a 403 would be RBAC not yet in effect)
+        while patch({"metadata": {"labels": {"probe": str(time.monotonic_ns())}}}, "probe") != 422:
+            policy = adm.read_validating_admission_policy(admission[0]["metadata"]["name"])
+            assert time.monotonic() < deadline, f"the policy never took effect: {policy.status}"
+            time.sleep(0.5)
+        print(f"\n[admission] policy in effect after {time.monotonic() - started:.1f}s")
+        hijack = {
+            "metadata": {
+                "ownerReferences": [
+                    {
+                        "apiVersion": "extensions.agents.x-k8s.io/v1beta1",
+                        "kind": "SandboxClaim",
+                        "name": "alices-claim",
+                        "uid": "00000000-0000-0000-0000-000000000001",
+                        "controller": True,
+                    }
+                ]
+            }
+        }
+        for body in (
+            refused,
+            hijack,
+            {"metadata": {"annotations": {"something": "else"}}},
+            {"metadata": {"finalizers": ["example.com/keep"]}},
+            {"spec": {"podTemplate": {"metadata": {"labels": {"sneaky": "yes"}}}}},
+        ):
+            assert patch(body) == 422, body
+        # what the provisioner does: suspend, and resume with its annotation
+        assert patch({"spec": {"operatingMode": "Suspended"}}) == 200
+        resume = {
+            "metadata": {"annotations": {"jupyter-sandbox/resumed-at": "2026-12-02T00:00:00Z"}},
+            "spec": {"operatingMode": "Running"},
+        }
+        assert patch(resume) == 200
+        sandbox = co.get_namespaced_custom_object(group, version, namespace, plural, "bobs")
+        assert sandbox["metadata"]["labels"] == {"jupyter-sandbox/user": "bob"}
+        assert "ownerReferences" not in sandbox["metadata"]
+    finally:
+        for name in ("jupyter-sandbox-singleuser-sandbox-writes",):
+            for delete in (
+                adm.delete_validating_admission_policy_binding,
+                adm.delete_validating_admission_policy,
+            ):
+                try:
+                    delete(name)
+                except client.ApiException:
+                    pass
         core.delete_namespace(namespace)
