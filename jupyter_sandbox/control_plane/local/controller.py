@@ -286,7 +286,9 @@ class LocalController:
                 if claim.phase != Phase.READY:
                     claim.ready_at = time.time()
                 claim.phase, claim.message = Phase.READY, ""
-            elif self._crash_looping(sandbox.name):
+            elif self._gave_up(sandbox.name):
+                # Only after repeated failures: one start that dies (say, on a
+                # machine too busy for the kernel) is retried, not fatal.
                 claim.phase = Phase.FAILED
                 claim.message = "the sandbox keeps exiting; see " + self._log_path(sandbox.name)
             elif claim.phase in (Phase.SUSPENDED, Phase.SUSPENDING, Phase.RESUMING):
@@ -438,15 +440,19 @@ class LocalController:
         recent = [t for t in self._failures.get(name, []) if now - t < 60] + [now]
         self._failures[name] = recent
 
+    def _gave_up(self, name: str) -> bool:
+        """MAX_QUICK_RESTARTS failed starts within a minute."""
+        return len(self._failures.get(name, [])) >= MAX_QUICK_RESTARTS
+
     def _crash_looping(self, name: str) -> bool:
+        """Given up, or still backing off after a failed start."""
         recent = self._failures.get(name, [])
         if not recent:
             return False
-        now = time.monotonic()
-        if len(recent) >= MAX_QUICK_RESTARTS:
+        if self._gave_up(name):
             return True
         # Back off: 0.5 s, 1 s, 2 s, ... after each failed start.
-        return now - recent[-1] < 0.5 * 2 ** (len(recent) - 1)
+        return time.monotonic() - recent[-1] < 0.5 * 2 ** (len(recent) - 1)
 
     def _delete_sandbox(self, name: str) -> None:
         sandbox = self.store.sandboxes.pop(name, None)
