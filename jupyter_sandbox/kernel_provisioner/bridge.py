@@ -27,7 +27,7 @@ from tornado import httpclient, websocket
 from ..control_plane.base import Endpoint
 from ..protocol import framing
 from ..protocol.messages import DELIM, header, parent_msg_id, sign, split_zmq, verify
-from ..protocol.zmqsend import YIELD_EVERY, recv_now, send_now
+from ..protocol.zmqsend import send_now
 
 log = logging.getLogger(__name__)
 
@@ -118,13 +118,9 @@ class Bridge:
 
     async def _read_client(self, channel: str) -> None:
         sock = self._sockets[channel]
-        count = 0
         while True:
-            count += 1
             try:
-                if count % YIELD_EVERY == 0:
-                    await asyncio.sleep(0)  # a flood of ready messages must not starve the loop
-                frames = recv_now(sock) or await sock.recv_multipart(copy=True)
+                frames = await sock.recv_multipart(copy=True)
             except (asyncio.CancelledError, zmq.ZMQError):
                 return
             try:

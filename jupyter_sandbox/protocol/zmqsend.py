@@ -1,16 +1,11 @@
-"""Send and receive on zmq.asyncio sockets without the asyncio machinery when a
-message can go, or is there, at once."""
+"""Send on a zmq.asyncio socket without the asyncio machinery when it can go at once."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import zmq
 import zmq.asyncio
-
-# Readers that take ready messages synchronously yield to their loop this often.
-YIELD_EVERY = 32
 
 _send = zmq.Socket.send  # the synchronous send, not zmq.asyncio's override
 
@@ -33,18 +28,3 @@ def send_now(sock: zmq.asyncio.Socket, frames: Sequence[bytes | memoryview]) -> 
     # all parts or none), so the rest cannot meet a full queue.
     for index in range(1, last + 1):
         _send(sock, frames[index], zmq.SNDMORE if index < last else 0, copy=False)
-
-
-_recv = zmq.Socket.recv
-
-
-def recv_now(sock: zmq.asyncio.Socket, *, copy: bool = True) -> list[Any] | None:
-    """A whole multipart message if one is waiting (None if not), read without
-    zmq.asyncio's futures; callers await ``recv_multipart`` only when this is None."""
-    try:
-        frames = [_recv(sock, zmq.NOBLOCK, copy=copy)]
-    except zmq.Again:
-        return None
-    while sock.getsockopt(zmq.RCVMORE):
-        frames.append(_recv(sock, 0, copy=copy))
-    return frames

@@ -17,7 +17,7 @@ import zmq.asyncio
 from jupyter_client.manager import AsyncKernelManager
 
 from ..protocol.messages import DELIM, parent_msg_id, sign, split_zmq
-from ..protocol.zmqsend import YIELD_EVERY, recv_now, send_now
+from ..protocol.zmqsend import send_now
 
 log = logging.getLogger(__name__)
 
@@ -220,13 +220,9 @@ class KernelHost:
     # -- relay -----------------------------------------------------------
 
     async def _read(self, channel: str, sock: zmq.asyncio.Socket) -> None:
-        count = 0
         while True:
-            count += 1
             try:
-                if count % YIELD_EVERY == 0:
-                    await asyncio.sleep(0)  # a flood of ready messages must not starve the loop
-                received = recv_now(sock, copy=False) or await sock.recv_multipart(copy=False)
+                received = await sock.recv_multipart(copy=False)
             except (asyncio.CancelledError, zmq.ZMQError):
                 return
             # Large parts (output, buffers) stay in zmq's memory until the frame is built.
