@@ -113,55 +113,45 @@ def _write_pki(d: Path, extra_ips: tuple[str, ...] = ()) -> None:
         )
         .sign(ca_key, hashes.SHA256())
     )
-    srv_key = ec.generate_private_key(ec.SECP256R1())
-    srv = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver")]))
-        .issuer_name(ca_name)
-        .public_key(srv_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now)
-        .not_valid_after(later)
-        .add_extension(
-            x509.SubjectAlternativeName(
-                [
-                    x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
-                    *(x509.IPAddress(ipaddress.ip_address(ip)) for ip in extra_ips),
-                    x509.DNSName("localhost"),
-                    x509.DNSName("kubernetes"),
-                    x509.DNSName("kubernetes.default"),
-                    x509.DNSName("kubernetes.default.svc"),
-                    x509.DNSName("kubernetes.default.svc.cluster.local"),
-                ]
-            ),
-            critical=False,
+
+    def leaf(subject: list, *extensions) -> tuple:
+        """A key and a certificate for it signed by the CA (a week, like the CA)."""
+        key = ec.generate_private_key(ec.SECP256R1())
+        builder = (
+            x509.CertificateBuilder()
+            .subject_name(x509.Name(subject))
+            .issuer_name(ca_name)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now)
+            .not_valid_after(later)
         )
-        .add_extension(
-            x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False
-        )
-        .sign(ca_key, hashes.SHA256())
+        for extension in extensions:
+            builder = builder.add_extension(extension, critical=False)
+        return key, builder.sign(ca_key, hashes.SHA256())
+
+    srv_key, srv = leaf(
+        [x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver")],
+        x509.SubjectAlternativeName(
+            [
+                x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+                *(x509.IPAddress(ipaddress.ip_address(ip)) for ip in extra_ips),
+                x509.DNSName("localhost"),
+                x509.DNSName("kubernetes"),
+                x509.DNSName("kubernetes.default"),
+                x509.DNSName("kubernetes.default.svc"),
+                x509.DNSName("kubernetes.default.svc.cluster.local"),
+            ]
+        ),
+        x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]),
     )
     # the API server's client certificate towards kubelets (logs, exec, port-forward)
-    kc_key = ec.generate_private_key(ec.SECP256R1())
-    kc = (
-        x509.CertificateBuilder()
-        .subject_name(
-            x509.Name(
-                [
-                    x509.NameAttribute(NameOID.ORGANIZATION_NAME, "system:masters"),
-                    x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver-kubelet-client"),
-                ]
-            )
-        )
-        .issuer_name(ca_name)
-        .public_key(kc_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now)
-        .not_valid_after(later)
-        .add_extension(
-            x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False
-        )
-        .sign(ca_key, hashes.SHA256())
+    kc_key, kc = leaf(
+        [
+            x509.NameAttribute(NameOID.ORGANIZATION_NAME, "system:masters"),
+            x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver-kubelet-client"),
+        ],
+        x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.CLIENT_AUTH]),
     )
     (d / "kubelet-client.crt").write_bytes(kc.public_bytes(serialization.Encoding.PEM))
     (d / "kubelet-client.key").write_bytes(pem_key(kc_key))

@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from jupyter_sandbox.kernelspec import make_kernelspec
+from tests.kubernetes.test_rbac import sa_kubeconfig
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "jupyterhub"
 
@@ -49,6 +50,17 @@ def test_kernelspec_and_server_config() -> None:
 ADMISSION = ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
 
 
+def grant(api: Any, namespace: str) -> None:
+    """The ServiceAccount, Role and RoleBinding of rbac.yaml, moved to ``namespace``."""
+    from kubernetes import utils
+
+    docs = [d for d in rbac() if d["kind"] not in ADMISSION]
+    for doc in docs:
+        doc["metadata"]["namespace"] = namespace
+    docs[-1]["subjects"][0]["namespace"] = namespace
+    utils.create_from_yaml(api, yaml_objects=docs, namespace=namespace)
+
+
 def test_rbac_is_namespaced_and_minimal() -> None:
     docs = {d["kind"]: d for d in rbac()}
     # no Cluster* grants; the cluster-scoped objects only restrict (admission policy)
@@ -83,7 +95,7 @@ def test_rbac_is_namespaced_and_minimal() -> None:
 @pytest.mark.cluster
 def test_rbac_on_the_api_server(kube_cluster: Any) -> None:
     """Applied to a real API server, the service account may do that and nothing else."""
-    from kubernetes import client, utils
+    from kubernetes import client
 
     api = kube_cluster.api_client()
     core = client.CoreV1Api(api)
@@ -94,11 +106,7 @@ def test_rbac_on_the_api_server(kube_cluster: Any) -> None:
         if exc.status != 409:
             raise
     try:
-        docs = [d for d in rbac() if d["kind"] not in ADMISSION]
-        for doc in docs:
-            doc["metadata"]["namespace"] = namespace
-        docs[-1]["subjects"][0]["namespace"] = namespace
-        utils.create_from_yaml(api, yaml_objects=docs, namespace=namespace)
+        grant(api, namespace)
         user = f"system:serviceaccount:{namespace}:jupyter-sandbox-singleuser"
         authz = client.AuthorizationV1Api(api)
 
@@ -141,7 +149,7 @@ def test_admission_policy_limits_sandbox_patches(kube_cluster: Any, tmp_path: Pa
     resume); the admission policy of rbac.yaml keeps that to spec.operatingMode
     and the resumed-at annotation, so no user can re-point or relabel a Sandbox
     of another user. Tested as that service account on the real API server."""
-    from kubernetes import client, utils
+    from kubernetes import client
 
     from jupyter_sandbox.control_plane.kubernetes import client as kc
 
@@ -152,11 +160,7 @@ def test_admission_policy_limits_sandbox_patches(kube_cluster: Any, tmp_path: Pa
     admission = [d for d in rbac() if d["kind"] in ADMISSION]
     adm = client.AdmissionregistrationV1Api(api)
     try:
-        docs = [d for d in rbac() if d["kind"] not in ADMISSION]
-        for doc in docs:
-            doc["metadata"]["namespace"] = namespace
-        docs[-1]["subjects"][0]["namespace"] = namespace
-        utils.create_from_yaml(api, yaml_objects=docs, namespace=namespace)
+        grant(api, namespace)
         adm.create_validating_admission_policy(admission[0])
         adm.create_validating_admission_policy_binding(admission[1])
         co = client.CustomObjectsApi(api)
@@ -176,16 +180,14 @@ def test_admission_policy_limits_sandbox_patches(kube_cluster: Any, tmp_path: Pa
                     },
                 },
             )
-        token = core.create_namespaced_service_account_token(
-            "jupyter-sandbox-singleuser", namespace, {"spec": {"expirationSeconds": 600}}
-        ).status.token
-        cfg = yaml.safe_load(Path(kube_cluster.kubeconfig).read_text())
-        cfg["users"] = [{"name": "singleuser", "user": {"token": token}}]
-        cfg["contexts"][0]["context"]["user"] = "singleuser"
-        (tmp_path / "kubeconfig").write_text(yaml.safe_dump(cfg))
-        as_user = client.CustomObjectsApi(
-            kc.load(kubeconfig=str(tmp_path / "kubeconfig")).api_client
+        kubeconfig = sa_kubeconfig(
+            api,
+            Path(kube_cluster.kubeconfig),
+            "jupyter-sandbox-singleuser",
+            tmp_path / "kubeconfig",
+            namespace=namespace,
         )
+        as_user = client.CustomObjectsApi(kc.load(kubeconfig=str(kubeconfig)).api_client)
 
         def patch(body: dict[str, Any], name: str = "bobs") -> int:
             try:

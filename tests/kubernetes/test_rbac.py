@@ -44,13 +44,15 @@ def apply_rbac(api_client) -> None:
         )
 
 
-def sa_kubeconfig(api_client, admin_kubeconfig: Path, sa: str, out: Path) -> Path:
-    """A kubeconfig authenticating as ServiceAccount ``sa`` (TokenRequest API)."""
+def sa_kubeconfig(
+    api_client, admin_kubeconfig: Path, sa: str, out: Path, namespace: str = SYSTEM_NS
+) -> Path:
+    """A kubeconfig authenticating as ServiceAccount ``namespace/sa`` (TokenRequest API)."""
     from kubernetes import client
 
     core = client.CoreV1Api(api_client)
     token = core.create_namespaced_service_account_token(
-        sa, SYSTEM_NS, {"spec": {"expirationSeconds": 3600}}
+        sa, namespace, {"spec": {"expirationSeconds": 3600}}
     ).status.token
     cfg = yaml.safe_load(admin_kubeconfig.read_text())
     cfg["users"] = [{"name": sa, "user": {"token": token}}]
