@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import struct
 import subprocess
 import sys
 import time
@@ -24,6 +25,7 @@ from jupyter_sandbox.router.app import make_router_app
 from jupyter_sandbox.router.settings import RouterContext
 from jupyter_sandbox.router.tokens import Scope, TokenAuthority
 from jupyter_sandbox.router.upstreams import Upstream
+from jupyter_sandbox.runtime.handlers import websocket_frame_header
 
 NS = "team-a"
 
@@ -493,6 +495,55 @@ async def test_output_while_disconnected_is_replayed(router: dict[str, Any]) -> 
             if c == "iopub" and header(p)["msg_type"] == "stream"
         ]
         assert "".join(lines) == "".join(f"line {i}\n" for i in range(1, 5))
+    finally:
+        ws.close()
+
+
+@pytest.mark.parametrize("size", [0, 125, 126, 65_535, 65_536, 3 << 40])
+def test_runtime_frame_header_is_rfc6455(size: int) -> None:
+    head = websocket_frame_header(size)
+    assert head[0] == 0x82, "FIN and the binary opcode, no reserved bits"
+    assert head[1] & 0x80 == 0, "a server never masks"
+    length = head[1] & 0x7F
+    if length == 126:
+        (length,) = struct.unpack("!H", head[2:])
+    elif length == 127:
+        (length,) = struct.unpack("!Q", head[2:])
+    else:
+        assert len(head) == 2
+    assert length == size
+
+
+def test_frame_pieces_join_to_the_encoded_frame() -> None:
+    parts = [b'{"msg_id": "a"}', b"{}", b"{}", b"{}", memoryview(b"\x00" * 70_000)]
+    assert b"".join(framing.encode_pieces("iopub", parts)) == framing.encode("iopub", parts)
+    assert framing.decode(framing.encode("iopub", parts)) == ("iopub", [bytes(p) for p in parts])
+
+
+async def test_large_output_while_disconnected_is_replayed_intact(
+    router: dict[str, Any],
+) -> None:
+    ws = await connect_channels(router)
+    await asyncio.wait_for(ws.read_message(), 10)
+    code = (
+        "import time\nprint('start', flush=True)\ntime.sleep(1)\n"
+        "from comm import create_comm\n"
+        "c = create_comm(target_name='t', buffers=[bytes(range(256)) * 8192])"
+    )
+    msg_id, parts = kernel_message("execute_request", {"code": code, "silent": False})
+    ws.write_message(framing.encode("shell", parts), binary=True)
+    last = None
+    while last is None:
+        channel, got = framing.decode(await asyncio.wait_for(ws.read_message(), 30))  # type: ignore[arg-type]
+        if channel == "iopub" and b"start" in got[3]:
+            last = header(got)["msg_id"]
+    ws.close()
+    await asyncio.sleep(2.5)  # the 2 MB comm_open is produced while nobody is connected
+    ws = await connect_channels(router, last=last)
+    try:
+        seen = await collect_until_idle(ws, msg_id)
+        comm = [p for c, p in seen if c == "iopub" and header(p)["msg_type"] == "comm_open"]
+        assert len(comm) == 1 and comm[0][4] == bytes(range(256)) * 8192
     finally:
         ws.close()
 

@@ -25,6 +25,12 @@ class FramingError(ValueError):
 
 def encode(channel: str, parts: Sequence[bytes | memoryview]) -> bytes:
     """Pack a channel name and message parts into one binary frame."""
+    return b"".join(encode_pieces(channel, parts))
+
+
+def encode_pieces(channel: str, parts: Sequence[bytes | memoryview]) -> list[bytes | memoryview]:
+    """The frame as a list of pieces (offset table and channel, then the parts themselves),
+    for writers that can send it without first copying everything into one buffer."""
     chan = channel.encode("utf-8")
     count = len(parts) + 2  # start of channel, one per part, end of frame
     offset = 8 * (count + 1)
@@ -35,7 +41,7 @@ def encode(channel: str, parts: Sequence[bytes | memoryview]) -> bytes:
         offset += len(part)
         offsets.append(offset)
     head = struct.pack(f"<{count + 1}Q", count, *offsets)
-    return b"".join([head, chan, *parts])
+    return [head + chan, *parts]
 
 
 def decode(frame: bytes) -> tuple[str, list[bytes]]:

@@ -7,19 +7,25 @@ import json
 import logging
 import os
 import signal
+import struct
 from contextlib import aclosing
 from typing import Any
 
 from tornado import web, websocket
+from tornado.iostream import StreamClosedError
 
 from ..protocol import framing
 from . import commands
+from .hub import Frame
 from .kernel_host import KernelNotRunning
 from .paths import PathInvalid, PathRefused, confine
 from .state import RuntimeState
 from .upload import StreamingUpload
 
 log = logging.getLogger(__name__)
+
+# Frames at least this big skip tornado's write_message (which copies them twice).
+DIRECT_WRITE_BYTES = 64 * 1024
 
 
 class BaseHandler(web.RequestHandler):
@@ -116,10 +122,25 @@ class ChannelsHandler(websocket.WebSocketHandler):
         self.runtime.hub.send_event_to(self, self.runtime.event_payload())
         self.runtime.hub.attach(self, self.get_query_argument("last", None))
 
-    def send_frame(self, frame: bytes) -> None:
-        if self.ws_connection is None or self.ws_connection.is_closing():
+    def send_frame(self, frame: Frame) -> None:
+        connection = self.ws_connection
+        if connection is None or connection.is_closing():
             return
-        self.write_message(frame, binary=True)
+        size = sum(len(piece) for piece in frame)
+        if size < DIRECT_WRITE_BYTES:
+            self.write_message(b"".join(frame), binary=True)
+            return
+        # A large output goes out as a header and its pieces, never joined: tornado's
+        # write_message would copy it twice. Nothing is negotiated (no compression),
+        # so an unmasked binary frame is exactly what write_message would send.
+        stream = connection.stream
+        if stream is None:
+            return
+        try:
+            for piece in (websocket_frame_header(size), *frame):
+                stream.write(piece).add_done_callback(_ignore_closed)
+        except StreamClosedError:
+            return
 
     def on_message(self, message: str | bytes) -> None:
         if isinstance(message, str):
@@ -141,6 +162,20 @@ class ChannelsHandler(websocket.WebSocketHandler):
 
     def on_close(self) -> None:
         self.runtime.hub.detach(self)
+
+
+def websocket_frame_header(size: int) -> bytes:
+    """RFC 6455 header of one final, unmasked binary frame of ``size`` bytes."""
+    if size < 126:
+        return struct.pack("!BB", 0x82, size)
+    if size < 1 << 16:
+        return struct.pack("!BBH", 0x82, 126, size)
+    return struct.pack("!BBQ", 0x82, 127, size)
+
+
+def _ignore_closed(future: asyncio.Future[None]) -> None:
+    if not future.cancelled():
+        future.exception()  # a client that went away; its on_close detaches it
 
 
 class ExecuteHandler(BaseHandler):

@@ -225,7 +225,7 @@ class KernelHost:
                 received = await sock.recv_multipart(copy=False)
             except (asyncio.CancelledError, zmq.ZMQError):
                 return
-            # Large parts (output, buffers) stay in zmq's memory until the frame is built.
+            # Large parts (output, buffers) stay in zmq's memory while sent and replayable.
             frames = [f.buffer if len(f) > ZERO_COPY_BYTES else f.bytes for f in received]
             try:
                 _, _, parts = split_zmq(frames)
