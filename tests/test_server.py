@@ -60,6 +60,17 @@ async def test_execute_rich_output_stdin_buffers(tmp_path: Path) -> None:
             assert opened, "comm_open did not reach the frontend"
             buffers = opened[-1]["buffers"]
             assert bytes(buffers[0]) == b"\x00\x01\xff" * 1000
+
+            # Outputs large enough to take the runtime's and the bridge's uncopied paths.
+            big = await ws.execute(
+                "from comm import create_comm\n"
+                "big = create_comm(target_name='t', buffers=[bytes(range(256)) * 12288])\n"
+                "print('y' * 400_000)"
+            )
+            assert big.status == "ok"
+            assert big.stdout == "y" * 400_000 + "\n"
+            opened = [m for m in ws.seen if m["header"]["msg_type"] == "comm_open"]
+            assert bytes(opened[-1]["buffers"][0]) == bytes(range(256)) * 12288
         finally:
             ws.close()
         await server.request("DELETE", f"/api/kernels/{kernel_id}", expect=204)

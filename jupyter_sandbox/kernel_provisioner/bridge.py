@@ -28,6 +28,7 @@ from ..control_plane.base import Endpoint
 from ..protocol import framing
 from ..protocol.messages import DELIM, header, parent_msg_id, sign, split_zmq, verify
 from ..protocol.zmqsend import send_now
+from . import ws_client
 
 log = logging.getLogger(__name__)
 
@@ -223,7 +224,7 @@ class Bridge:
                 url += f"?last={self._last_msg_id}"
             request = httpclient.HTTPRequest(url, headers=endpoint.headers(), connect_timeout=10)
             try:
-                ws = await websocket.websocket_connect(
+                ws = await ws_client.websocket_connect(
                     request,
                     subprotocols=[framing.SUBPROTOCOL],
                     max_message_size=MAX_WS_MESSAGE,
