@@ -17,6 +17,7 @@ from jupyter_client.manager import AsyncKernelManager
 from jupyter_sandbox.control_plane.base import (
     ClaimRequest,
     InvalidRequest,
+    Phase,
     PoolNotFound,
 )
 from jupyter_sandbox.control_plane.local.client import LocalControlPlane
@@ -289,6 +290,50 @@ async def test_sandbox_process_killed_recovers_with_workspace(
         assert after.sandbox == claim.sandbox
         assert after.resources["restarts"] >= 1
         await server.request("DELETE", f"/api/kernels/{kernel_id}", expect=204)
+
+
+async def test_a_start_that_dies_before_ready_is_retried_not_failed(
+    plane: LocalControlPlane,
+) -> None:
+    """One failed start (here: the sandbox killed while its kernel starts) is retried
+    after a back-off; the claim stays Pending through it instead of turning Failed."""
+    await plane.apply_pool("cold", {"replicas": 0})
+    claim = None
+    try:
+        for _ in range(3):  # the start may win the race to Ready; then try again
+            claim = await plane.claim(ClaimRequest(pool="cold"))
+
+            async def starting_pid(name: str = claim.name) -> int | None:
+                status = await plane.status(name)
+                assert status is not None
+                return status.resources.get("pid") if status.phase == Phase.PENDING else None
+
+            pid = await wait_for(starting_pid, 60, interval=0.02)
+            status = await plane.status(claim.name)
+            if status is not None and status.phase == Phase.PENDING:
+                os.killpg(pid, signal.SIGKILL)
+                break
+            await plane.release(claim.name)
+        else:
+            pytest.skip("every cold start was Ready before it could be killed")
+
+        phases = set()
+
+        async def ready_again() -> bool:
+            status = await plane.status(claim.name)
+            assert status is not None
+            phases.add(status.phase)
+            return status.phase == Phase.READY
+
+        await wait_for(ready_again, 90, interval=0.05)
+        assert Phase.FAILED not in phases, phases
+        status = await plane.status(claim.name)
+        assert status is not None and status.resources["restarts"] >= 1
+        assert status.resources["pid"] != pid
+    finally:
+        if claim is not None:
+            await plane.release(claim.name)
+        await plane.delete_pool("cold")
 
 
 async def test_pool_refills_after_claims(plane: LocalControlPlane) -> None:
