@@ -564,18 +564,7 @@ class ClaimReconciler:
             and "podIPs" in (old.get("sandbox") or {})
         ):
             patch["sandbox"] = dict(new["sandbox"], podIPs=None)
-        try:
-            updated = await self.op.client.patch(
-                CLAIM,
-                claim["metadata"]["namespace"],
-                claim["metadata"]["name"],
-                {"status": patch},
-                sub="status",
-            )
-            self.op.claims.upsert_local(updated)
-        except ApiError as e:
-            if not e.not_found:
-                raise
+        await self.op.claims.patch_status(claim, patch)
 
     async def _expire(self, claim: dict, policy: str) -> Result | None:
         op = self.op

@@ -158,6 +158,23 @@ class Informer:
             return
         self._apply("MODIFIED", obj)
 
+    async def patch_status(self, obj: dict, status: dict) -> None:
+        """Merge-patch ``obj``'s status subresource and cache the result; an object
+        deleted meanwhile needs no status."""
+        try:
+            updated = await self.client.patch(
+                self.res,
+                obj["metadata"]["namespace"],
+                obj["metadata"]["name"],
+                {"status": status},
+                sub="status",
+            )
+        except ApiError as e:
+            if not e.not_found:
+                raise
+            return
+        self.upsert_local(updated)
+
     async def run(self, stop: asyncio.Event) -> None:
         backoff = 0.2
         while not stop.is_set():

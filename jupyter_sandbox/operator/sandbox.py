@@ -560,18 +560,7 @@ class SandboxReconciler:
         for k in old_clean:
             if k not in clean:
                 patch[k] = None
-        try:
-            updated = await self.op.client.patch(
-                SANDBOX,
-                sb["metadata"]["namespace"],
-                sb["metadata"]["name"],
-                {"status": patch},
-                sub="status",
-            )
-            self.op.sandboxes.upsert_local(updated)
-        except ApiError as e:
-            if not e.not_found:
-                raise
+        await self.op.sandboxes.patch_status(sb, patch)
 
     async def _expire(self, sb: dict, status: dict, old_status: dict) -> Result | None:
         """shutdownTime reached: Pod and Service go; the policy decides the Sandbox."""

@@ -17,7 +17,7 @@ import time
 from typing import TYPE_CHECKING
 
 from .core import Key, Result
-from .kube import SANDBOX, WARMPOOL, ApiError
+from .kube import SANDBOX, ApiError
 from .util import (
     CREATED_BY_LABEL,
     FIELD_MANAGER,
@@ -279,18 +279,7 @@ class WarmPoolReconciler:
         new["conditions"] = set_condition(old.get("conditions") or [], "Ready", *cond, gen)
         if new == old:
             return
-        try:
-            updated = await self.op.client.patch(
-                WARMPOOL,
-                pool["metadata"]["namespace"],
-                pool["metadata"]["name"],
-                {"status": new},
-                sub="status",
-            )
-            self.op.pools.upsert_local(updated)
-        except ApiError as e:
-            if not e.not_found:
-                raise
+        await self.op.pools.patch_status(pool, new)
 
 
 def _neg_ts(sb: dict) -> str:
