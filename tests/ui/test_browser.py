@@ -159,11 +159,17 @@ def run_cell(page: Any, code: str, expect: str) -> None:
     page.locator(".jp-OutputArea-output", has_text=expect).first.wait_for(timeout=TIMEOUT_MS)
 
 
-def test_notebook_in_a_sandbox_suspend_and_resume(tmp_path: Path) -> None:
+@contextmanager
+def lab_in_browser(tmp_path: Path) -> Iterator[tuple[Lab, Any, Path]]:
+    """JupyterLab and a chromium page on it: (lab, page, screenshots directory).
+
+    A failure inside leaves a screenshot, the browser console and the server log;
+    the browser is closed and the kernels shut down in any case.
+    """
     missing = _requirements()
     if missing:
         pytest.skip(missing)
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import sync_playwright
 
     shots = tmp_path / "screenshots"
     shots.mkdir()
@@ -180,72 +186,7 @@ def test_notebook_in_a_sandbox_suspend_and_resume(tmp_path: Path) -> None:
         console: list[str] = []
         page.on("console", lambda msg: console.append(f"{msg.type}: {msg.text}"))
         try:
-            page.goto(f"{lab.url}/lab?token={lab.token}")
-
-            # The launcher: sandboxed kernels in their own section, with the sandbox icon.
-            section = page.locator(".jp-Launcher-section", has_text="Sandboxed notebooks")
-            card = section.locator(".jp-LauncherCard", has_text=KERNEL_DISPLAY)
-            card.wait_for()
-            assert card.locator("svg").count() >= 1, "the card has no icon"
-            notebook_section = page.locator(
-                ".jp-Launcher-section", has=page.locator("h2", has_text="Notebook")
-            ).first
-            assert notebook_section.locator(".jp-LauncherCard", has_text="(sandbox:").count() == 0
-            logo = page.request.get(f"{lab.url}/kernelspecs/sandbox-default/logo-64x64.png")
-            assert logo.ok and logo.headers["content-type"].startswith("image/png")
-            page.screenshot(path=str(shots / "01-launcher.png"))
-
-            # Record every state the status bar shows from now on.
-            page.evaluate(RECORD_STATES)
-
-            # A notebook on the sandbox kernel: run a cell, see output and state.
-            card.click()
-            status = page.locator(".jp-SandboxStatus")
-            expect(status).to_have_attribute("data-sandbox-state", "idle", timeout=TIMEOUT_MS)
-            run_cell(page, "print(6 * 7)", "42")
-            expect(status).to_have_attribute("data-sandbox-state", "idle")
-            text = status.inner_text()
-            assert "default" in text and "default-" in text, text
-            assert any(w in text for w in ("bubblewrap", "not isolated")), text
-            page.screenshot(path=str(shots / "02-ran-a-cell.png"))
-
-            # Suspend through the command palette: the status bar says so.
-            run_command(page, "Suspend Sandbox")
-            expect(status).to_have_attribute("data-sandbox-state", "suspended")
-            assert "suspended" in status.inner_text()
-
-            # The side panel lists pools and this kernel as suspended, live.
-            page.locator(".lm-TabBar-tab[title='Sandboxes']").first.click()
-            sandbox_panel = page.locator("#jupyter-sandbox-panel")
-            sandbox_panel.locator("tr[data-pool='default']").wait_for()
-            sandbox_panel.locator(
-                ".jp-SandboxPanel-kernel[data-sandbox-state='suspended']"
-            ).wait_for()
-            expect(sandbox_panel.locator(".jp-SandboxPanel-live")).to_have_text("● live")
-            page.screenshot(path=str(shots / "03-suspended.png"))
-
-            # The next execution resumes the sandbox (a new kernel, same workspace).
-            run_cell(page, "import os; print('back in', os.getcwd())", "back in")
-            # Said in words in the cell, not as a "kernel died" dialog.
-            page.locator(".jp-OutputArea-output", has_text="Resumed after suspension").wait_for()
-            assert page.locator(".jp-Dialog", has_text="appears to have died").count() == 0
-            expect(status).to_have_attribute("data-sandbox-state", "idle")
-            sandbox_panel.locator(".jp-SandboxPanel-kernel[data-sandbox-state='idle']").wait_for()
-            page.screenshot(path=str(shots / "04-resumed.png"))
-
-            # Details: workspace, age, resources.
-            run_command(page, "Show Sandbox Details")
-            dialog = page.locator(".jp-Dialog")
-            dialog.locator(".jp-SandboxDetails").wait_for()
-            details = dialog.inner_text()
-            for word in ("Workspace", "Age", "Resources: pid", "Isolation", "Claimed"):
-                assert word in details, details
-            page.screenshot(path=str(shots / "05-details.png"))
-            dialog.locator("button", has_text="Close").click()
-
-            states = _dedupe(page.evaluate("window.__sandboxStates"))
-            print("status bar states:", " -> ".join(states))
-            assert _in_order(states, ["claiming", "idle", "suspended", "idle"]), states
+            yield lab, page, shots
         except Exception:
             page.screenshot(path=str(shots / "failure.png"))
             print("browser console:\n" + "\n".join(console[-50:]))
@@ -255,6 +196,76 @@ def test_notebook_in_a_sandbox_suspend_and_resume(tmp_path: Path) -> None:
             context.close()
             _shutdown_kernels(lab)
     print(f"screenshots in {shots}")
+
+
+def test_notebook_in_a_sandbox_suspend_and_resume(tmp_path: Path) -> None:
+    from playwright.sync_api import expect
+
+    with lab_in_browser(tmp_path) as (lab, page, shots):
+        page.goto(f"{lab.url}/lab?token={lab.token}")
+
+        # The launcher: sandboxed kernels in their own section, with the sandbox icon.
+        section = page.locator(".jp-Launcher-section", has_text="Sandboxed notebooks")
+        card = section.locator(".jp-LauncherCard", has_text=KERNEL_DISPLAY)
+        card.wait_for()
+        assert card.locator("svg").count() >= 1, "the card has no icon"
+        notebook_section = page.locator(
+            ".jp-Launcher-section", has=page.locator("h2", has_text="Notebook")
+        ).first
+        assert notebook_section.locator(".jp-LauncherCard", has_text="(sandbox:").count() == 0
+        logo = page.request.get(f"{lab.url}/kernelspecs/sandbox-default/logo-64x64.png")
+        assert logo.ok and logo.headers["content-type"].startswith("image/png")
+        page.screenshot(path=str(shots / "01-launcher.png"))
+
+        # Record every state the status bar shows from now on.
+        page.evaluate(RECORD_STATES)
+
+        # A notebook on the sandbox kernel: run a cell, see output and state.
+        card.click()
+        status = page.locator(".jp-SandboxStatus")
+        expect(status).to_have_attribute("data-sandbox-state", "idle", timeout=TIMEOUT_MS)
+        run_cell(page, "print(6 * 7)", "42")
+        expect(status).to_have_attribute("data-sandbox-state", "idle")
+        text = status.inner_text()
+        assert "default" in text and "default-" in text, text
+        assert any(w in text for w in ("bubblewrap", "not isolated")), text
+        page.screenshot(path=str(shots / "02-ran-a-cell.png"))
+
+        # Suspend through the command palette: the status bar says so.
+        run_command(page, "Suspend Sandbox")
+        expect(status).to_have_attribute("data-sandbox-state", "suspended")
+        assert "suspended" in status.inner_text()
+
+        # The side panel lists pools and this kernel as suspended, live.
+        page.locator(".lm-TabBar-tab[title='Sandboxes']").first.click()
+        sandbox_panel = page.locator("#jupyter-sandbox-panel")
+        sandbox_panel.locator("tr[data-pool='default']").wait_for()
+        sandbox_panel.locator(".jp-SandboxPanel-kernel[data-sandbox-state='suspended']").wait_for()
+        expect(sandbox_panel.locator(".jp-SandboxPanel-live")).to_have_text("● live")
+        page.screenshot(path=str(shots / "03-suspended.png"))
+
+        # The next execution resumes the sandbox (a new kernel, same workspace).
+        run_cell(page, "import os; print('back in', os.getcwd())", "back in")
+        # Said in words in the cell, not as a "kernel died" dialog.
+        page.locator(".jp-OutputArea-output", has_text="Resumed after suspension").wait_for()
+        assert page.locator(".jp-Dialog", has_text="appears to have died").count() == 0
+        expect(status).to_have_attribute("data-sandbox-state", "idle")
+        sandbox_panel.locator(".jp-SandboxPanel-kernel[data-sandbox-state='idle']").wait_for()
+        page.screenshot(path=str(shots / "04-resumed.png"))
+
+        # Details: workspace, age, resources.
+        run_command(page, "Show Sandbox Details")
+        dialog = page.locator(".jp-Dialog")
+        dialog.locator(".jp-SandboxDetails").wait_for()
+        details = dialog.inner_text()
+        for word in ("Workspace", "Age", "Resources: pid", "Isolation", "Claimed"):
+            assert word in details, details
+        page.screenshot(path=str(shots / "05-details.png"))
+        dialog.locator("button", has_text="Close").click()
+
+        states = _dedupe(page.evaluate("window.__sandboxStates"))
+        print("status bar states:", " -> ".join(states))
+        assert _in_order(states, ["claiming", "idle", "suspended", "idle"]), states
 
 
 RECORD_STATES = """() => {
@@ -287,54 +298,32 @@ def _in_order(states: list[str], wanted: list[str]) -> bool:
 
 def test_a_failed_claim_is_explained(tmp_path: Path) -> None:
     """Pool not found: the status bar and a notification say so, and what to do."""
-    missing = _requirements()
-    if missing:
-        pytest.skip(missing)
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
-    shots = tmp_path / "screenshots"
-    shots.mkdir()
-    with jupyterlab(tmp_path) as lab, sync_playwright() as pw:
-        context = pw.chromium.launch_persistent_context(
-            str(tmp_path / "chromium-profile"),
-            executable_path=CHROMIUM,
-            headless=True,
-            args=CHROMIUM_ARGS,
-            viewport={"width": 1400, "height": 900},
-        )
-        page = context.pages[0] if context.pages else context.new_page()
-        page.set_default_timeout(TIMEOUT_MS)
-        try:
-            page.goto(f"{lab.url}/lab?token={lab.token}")
-            section = page.locator(".jp-Launcher-section", has_text="Sandboxed notebooks")
-            section.locator(".jp-LauncherCard", has_text="(sandbox: missing)").click()
-            status = page.locator(".jp-SandboxStatus")
-            expect(status).to_have_attribute("data-sandbox-state", "failed")
-            assert "does not exist" in (status.get_attribute("title") or "")
-            toast = page.locator(".Toastify__toast", has_text="Sandbox kernel failed")
-            toast.wait_for()
-            text = toast.inner_text()
-            assert "jupyter-sandbox pool create missing" in text, text
-            page.screenshot(path=str(shots / "01-pool-not-found.png"))
-            # JupyterLab's own "Error Starting Kernel" dialog (with the same message)
-            # comes first, then its kernel selector: answer both, then ask for advice.
-            page.locator(".jp-Dialog", has_text="Error Starting Kernel").wait_for()
-            assert "pool create missing" in page.locator(".jp-Dialog").first.inner_text()
-            page.locator(".jp-Dialog button", has_text="Ok").first.click()
-            page.locator(".jp-Dialog button", has_text="No Kernel").first.click()
-            page.locator(".jp-Dialog").first.wait_for(state="detached")
-            toast.locator("button", has_text="What to do").click()
-            advice = page.locator(".jp-Dialog", has_text="could not be claimed")
-            advice.wait_for()
-            assert "Create the pool" in advice.inner_text()
-            page.screenshot(path=str(shots / "02-what-to-do.png"))
-        except Exception:
-            page.screenshot(path=str(shots / "failure.png"))
-            print("jupyterlab log:\n" + lab.log.read_text(errors="replace")[-5000:])
-            raise
-        finally:
-            context.close()
-            _shutdown_kernels(lab)
+    with lab_in_browser(tmp_path) as (lab, page, shots):
+        page.goto(f"{lab.url}/lab?token={lab.token}")
+        section = page.locator(".jp-Launcher-section", has_text="Sandboxed notebooks")
+        section.locator(".jp-LauncherCard", has_text="(sandbox: missing)").click()
+        status = page.locator(".jp-SandboxStatus")
+        expect(status).to_have_attribute("data-sandbox-state", "failed")
+        assert "does not exist" in (status.get_attribute("title") or "")
+        toast = page.locator(".Toastify__toast", has_text="Sandbox kernel failed")
+        toast.wait_for()
+        text = toast.inner_text()
+        assert "jupyter-sandbox pool create missing" in text, text
+        page.screenshot(path=str(shots / "01-pool-not-found.png"))
+        # JupyterLab's own "Error Starting Kernel" dialog (with the same message)
+        # comes first, then its kernel selector: answer both, then ask for advice.
+        page.locator(".jp-Dialog", has_text="Error Starting Kernel").wait_for()
+        assert "pool create missing" in page.locator(".jp-Dialog").first.inner_text()
+        page.locator(".jp-Dialog button", has_text="Ok").first.click()
+        page.locator(".jp-Dialog button", has_text="No Kernel").first.click()
+        page.locator(".jp-Dialog").first.wait_for(state="detached")
+        toast.locator("button", has_text="What to do").click()
+        advice = page.locator(".jp-Dialog", has_text="could not be claimed")
+        advice.wait_for()
+        assert "Create the pool" in advice.inner_text()
+        page.screenshot(path=str(shots / "02-what-to-do.png"))
 
 
 def _shutdown_kernels(lab: Lab) -> None:
