@@ -173,6 +173,9 @@ async def resume_vs_cold(plane: LocalControlPlane, reps: int) -> Figure:
         await wait_pool_warm(plane, "bench")
         claim = await plane.claim(ClaimRequest(pool="bench"))
         await plane.wait_ready(claim.name, 60)
+        # The claim made the pool start a replacement: resume after it, not beside it,
+        # as the cold start below runs beside nothing.
+        await wait_pool_warm(plane, "bench")
         await plane.suspend(claim.name)
         await _wait_phase(plane, claim.name, "Suspended")
         started = time.perf_counter()
