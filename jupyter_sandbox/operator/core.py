@@ -16,6 +16,7 @@ import logging
 import random
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +28,7 @@ from .kube import EVENT, LEASE, ApiError, Client, Resource, sleep_or_stop
 log = logging.getLogger("jupyter_sandbox.operator")
 
 Key = tuple[str, str]  # (namespace, name)
+MAX_TOMBSTONES = 10_000
 
 RECONCILE_TOTAL = Counter(
     "jupyter_sandbox_operator_reconcile_total",
@@ -99,6 +101,10 @@ class Informer:
         self.handlers: list[Handler] = []
         self.indexers = indexers or {}
         self.indices: dict[str, dict[str, set[Key]]] = {n: {} for n in self.indexers}
+        # Keys deleted lately, with the resourceVersion they were gone at: the answer
+        # to one of our own writes that arrives after the delete must not bring the
+        # object back into the cache (a zombie the reconcilers would act on).
+        self._tombstones: OrderedDict[Key, int] = OrderedDict()
         self.synced = asyncio.Event()
 
     def add_handler(self, h: Handler) -> None:
@@ -127,11 +133,12 @@ class Informer:
                 for v in fn(new):
                     idx.setdefault(v, set()).add(k)
 
-    def _apply(self, etype: str, obj: dict) -> None:
+    def _apply(self, etype: str, obj: dict, *, gone_at: int | None = None) -> None:
         k = key_of(obj)
         old = self.store.get(k)
         if etype == "DELETED":
             self.store.pop(k, None)
+            self._bury(k, _rv(obj) if gone_at is None else gone_at)
             self._index(k, old, None)
             new = None
             if old is None:
@@ -141,6 +148,7 @@ class Informer:
             # event older than what we hold must not roll the cache back
             if old is not None and _rv(old) > _rv(obj):
                 return
+            self._tombstones.pop(k, None)
             self.store[k] = obj
             self._index(k, old, obj)
             new = obj
@@ -156,7 +164,15 @@ class Informer:
         old = self.store.get(k)
         if old is not None and _rv(old) >= _rv(obj):
             return
+        if old is None and self._tombstones.get(k, -1) >= _rv(obj):
+            return  # deleted since we wrote it
         self._apply("MODIFIED", obj)
+
+    def _bury(self, k: Key, rv: int) -> None:
+        self._tombstones[k] = max(rv, self._tombstones.get(k, rv))
+        self._tombstones.move_to_end(k)
+        while len(self._tombstones) > MAX_TOMBSTONES:
+            self._tombstones.popitem(last=False)
 
     async def patch_status(self, obj: dict, status: dict) -> None:
         """Merge-patch ``obj``'s status subresource and cache the result; an object
@@ -238,7 +254,8 @@ class Informer:
         fresh = {key_of(o): o for o in items}
         for k in list(self.store):
             if k not in fresh:
-                self._apply("DELETED", self.store[k])
+                # gone at the latest by the list's version; the cached copy is older
+                self._apply("DELETED", self.store[k], gone_at=int(rv))
         for k, o in fresh.items():
             old = self.store.get(k)
             if old is None or old["metadata"].get("resourceVersion") != o["metadata"].get(
