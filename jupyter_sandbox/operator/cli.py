@@ -57,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--namespace", default=None, help="watch only this namespace (default: all)")
     p.add_argument(
-        "--workers", type=int, default=16, help="worker scale; sandbox and claim controllers get 2x"
+        "--workers", type=int, default=8, help="worker scale; sandbox and claim controllers get 2x"
     )
     p.add_argument(
         "--leader-elect", dest="leader_elect", action=argparse.BooleanOptionalAction, default=True

@@ -33,7 +33,7 @@ log = logging.getLogger("jupyter_sandbox.operator")
 class Options:
     kubeconfig: str | None = None
     namespace: str | None = None  # None: all namespaces
-    workers: int = 16
+    workers: int = 8
     leader_elect: bool = True
     leader_election_namespace: str = "default"
     leader_election_id: str = "jupyter-sandbox-operator"
