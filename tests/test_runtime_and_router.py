@@ -425,6 +425,16 @@ async def connect_channels(
     )
 
 
+async def output_containing(ws: websocket.WebSocketClientConnection, text: bytes) -> str:
+    """The msg_id of the first iopub message whose content holds ``text``."""
+    while True:
+        raw = await asyncio.wait_for(ws.read_message(), 30)
+        assert isinstance(raw, bytes), raw
+        channel, parts = framing.decode(raw)
+        if channel == "iopub" and text in parts[3]:
+            return str(header(parts)["msg_id"])
+
+
 async def collect_until_idle(
     ws: websocket.WebSocketClientConnection, msg_id: str, timeout: float = 60
 ) -> list[tuple[str, list[bytes]]]:
@@ -479,11 +489,7 @@ async def test_output_while_disconnected_is_replayed(router: dict[str, Any]) -> 
         },
     )
     ws.write_message(framing.encode("shell", parts), binary=True)
-    last = None
-    while last is None:
-        channel, got = framing.decode(await asyncio.wait_for(ws.read_message(), 30))  # type: ignore[arg-type]
-        if channel == "iopub" and b"line 0" in got[3]:
-            last = header(got)["msg_id"]
+    last = await output_containing(ws, b"line 0")
     ws.close()
     await asyncio.sleep(2.5)  # the cell finishes while nobody is connected
     ws = await connect_channels(router, last=last)
@@ -532,11 +538,7 @@ async def test_large_output_while_disconnected_is_replayed_intact(
     )
     msg_id, parts = kernel_message("execute_request", {"code": code, "silent": False})
     ws.write_message(framing.encode("shell", parts), binary=True)
-    last = None
-    while last is None:
-        channel, got = framing.decode(await asyncio.wait_for(ws.read_message(), 30))  # type: ignore[arg-type]
-        if channel == "iopub" and b"start" in got[3]:
-            last = header(got)["msg_id"]
+    last = await output_containing(ws, b"start")
     ws.close()
     await asyncio.sleep(2.5)  # the 2 MB comm_open is produced while nobody is connected
     ws = await connect_channels(router, last=last)
