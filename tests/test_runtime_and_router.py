@@ -522,7 +522,9 @@ def test_runtime_frame_header_is_rfc6455(size: int) -> None:
 
 def test_frame_pieces_join_to_the_encoded_frame() -> None:
     parts = [b'{"msg_id": "a"}', b"{}", b"{}", b"{}", memoryview(b"\x00" * 70_000)]
-    assert b"".join(framing.encode_pieces("iopub", parts)) == framing.encode("iopub", parts)
+    frame = framing.encode_pieces("iopub", parts)
+    assert b"".join(frame.pieces) == framing.encode("iopub", parts)
+    assert frame.size == len(framing.encode("iopub", parts))
     assert framing.decode(framing.encode("iopub", parts)) == ("iopub", [bytes(p) for p in parts])
 
 

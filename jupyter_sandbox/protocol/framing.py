@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 SUBPROTOCOL = "v1.kernel.websocket.jupyter.org"
 
@@ -23,14 +24,22 @@ class FramingError(ValueError):
     """A WebSocket message is not a valid v1 frame."""
 
 
+@dataclass(frozen=True)
+class Pieces:
+    """A frame as its pieces (offset table and channel, then the parts themselves), for
+    writers that can send it without first copying everything into one buffer."""
+
+    pieces: list[bytes | memoryview]
+    size: int  # of the whole frame
+
+
 def encode(channel: str, parts: Sequence[bytes | memoryview]) -> bytes:
     """Pack a channel name and message parts into one binary frame."""
-    return b"".join(encode_pieces(channel, parts))
+    return b"".join(encode_pieces(channel, parts).pieces)
 
 
-def encode_pieces(channel: str, parts: Sequence[bytes | memoryview]) -> list[bytes | memoryview]:
-    """The frame as a list of pieces (offset table and channel, then the parts themselves),
-    for writers that can send it without first copying everything into one buffer."""
+def encode_pieces(channel: str, parts: Sequence[bytes | memoryview]) -> Pieces:
+    """Like ``encode``, but the parts are not copied into one buffer."""
     chan = channel.encode("utf-8")
     count = len(parts) + 2  # start of channel, one per part, end of frame
     offset = 8 * (count + 1)
@@ -41,7 +50,7 @@ def encode_pieces(channel: str, parts: Sequence[bytes | memoryview]) -> list[byt
         offset += len(part)
         offsets.append(offset)
     head = struct.pack(f"<{count + 1}Q", count, *offsets)
-    return [head + chan, *parts]
+    return Pieces([head + chan, *parts], offset)  # the last offset is the frame's end
 
 
 def decode(frame: bytes) -> tuple[str, list[bytes]]:

@@ -16,7 +16,6 @@ from tornado.iostream import StreamClosedError
 
 from ..protocol import framing
 from . import commands
-from .hub import Frame
 from .kernel_host import KernelNotRunning
 from .paths import PathInvalid, PathRefused, confine
 from .state import RuntimeState
@@ -122,13 +121,12 @@ class ChannelsHandler(websocket.WebSocketHandler):
         self.runtime.hub.send_event_to(self, self.runtime.event_payload())
         self.runtime.hub.attach(self, self.get_query_argument("last", None))
 
-    def send_frame(self, frame: Frame) -> None:
+    def send_frame(self, frame: framing.Pieces) -> None:
         connection = self.ws_connection
         if connection is None or connection.is_closing():
             return
-        size = sum(len(piece) for piece in frame)
-        if size < DIRECT_WRITE_BYTES:
-            self.write_message(b"".join(frame), binary=True)
+        if frame.size < DIRECT_WRITE_BYTES:
+            self.write_message(b"".join(frame.pieces), binary=True)
             return
         # A large output goes out as a header and its pieces, never joined: tornado's
         # write_message would copy it twice. Nothing is negotiated (no compression),
@@ -137,7 +135,7 @@ class ChannelsHandler(websocket.WebSocketHandler):
         if stream is None:
             return
         try:
-            for piece in (websocket_frame_header(size), *frame):
+            for piece in (websocket_frame_header(frame.size), *frame.pieces):
                 stream.write(piece).add_done_callback(_ignore_closed)
         except StreamClosedError:
             return

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -25,20 +25,16 @@ DEFAULT_RING_MESSAGES = 20_000
 MAX_TRACKED_REQUESTS = 10_000
 
 
-# A frame kept as its pieces: the kernel's own buffers are sent and replayed uncopied.
-Frame = Sequence[bytes | memoryview]
-
-
 class Client(Protocol):
-    def send_frame(self, frame: Frame) -> None: ...
+    # A frame kept as its pieces: the kernel's own buffers are sent and replayed uncopied.
+    def send_frame(self, frame: framing.Pieces) -> None: ...
 
 
 @dataclass
 class _Entry:
     seq: int
     msg_id: str
-    frame: Frame
-    size: int
+    frame: framing.Pieces
     delivered: bool
 
 
@@ -125,18 +121,18 @@ class ChannelHub:
     def send_event_to(client: Client, payload: bytes) -> None:
         client.send_frame(framing.encode_pieces(framing.EVENT_CHANNEL, [payload]))
 
-    def _remember(self, msg_id: str, frame: Frame, *, delivered: bool) -> None:
+    def _remember(self, msg_id: str, frame: framing.Pieces, *, delivered: bool) -> None:
         self._seq += 1
-        entry = _Entry(self._seq, msg_id, frame, sum(len(piece) for piece in frame), delivered)
+        entry = _Entry(self._seq, msg_id, frame, delivered)
         self._ring.append(entry)
-        self._ring_bytes += entry.size
+        self._ring_bytes += frame.size
         if msg_id:
             self._index[msg_id] = entry.seq
         while self._ring and (
             self._ring_bytes > self._max_bytes or len(self._ring) > self._max_messages
         ):
             old = self._ring.popleft()
-            self._ring_bytes -= old.size
+            self._ring_bytes -= old.frame.size
             if old.msg_id and self._index.get(old.msg_id) == old.seq:
                 del self._index[old.msg_id]
             if not old.delivered:
