@@ -6,16 +6,20 @@ import sys
 
 import pytest
 
-from jupyter_sandbox.control_plane.local.isolation import bwrap_command, probe, python_paths
+from jupyter_sandbox.control_plane.local.isolation import (
+    bwrap_command,
+    package_parent,
+    probe,
+    python_paths,
+)
 
 
-def command(network: bool = True) -> list[str]:
+def command() -> list[str]:
     return bwrap_command(
         workspace="/srv/ws",
         runtime_dir="/srv/rt",
         inner=["python"],
         env={"A": "1"},
-        network=network,
     )
 
 
@@ -31,9 +35,10 @@ def test_python_is_bound_after_the_private_tmp() -> None:
 
 
 def test_secure_defaults() -> None:
-    argv = command(network=False)
+    argv = command()
     for flag in (
         "--unshare-user",
+        "--disable-userns",
         "--unshare-pid",
         "--unshare-ipc",
         "--unshare-net",
@@ -43,7 +48,6 @@ def test_secure_defaults() -> None:
     ):
         assert flag in argv
     assert argv[argv.index("--cap-drop") + 1] == "ALL"
-    assert "--unshare-net" not in command(network=True)
     # The home directory, /etc/shadow and the rest of /etc are never bound.
     bound = {argv[i + 1] for i in range(len(argv) - 1) if argv[i] in ("--bind", "--ro-bind")}
     assert "/etc/shadow" not in bound and "/etc" not in bound
@@ -62,14 +66,14 @@ def test_the_current_interpreter_runs_in_the_sandbox(tmp_path: object) -> None:
     from pathlib import Path
 
     base = Path(str(tmp_path))
+    parent = package_parent()
     (base / "ws").mkdir()
     (base / "rt").mkdir()
     argv = bwrap_command(
         workspace=str(base / "ws"),
         runtime_dir=str(base / "rt"),
         inner=[sys.executable, "-c", "import jupyter_sandbox, os; print(os.getcwd(), os.getuid())"],
-        env={"PATH": "/usr/bin:/bin"},
-        network=False,
+        env={"PATH": "/usr/bin:/bin", **({"PYTHONPATH": parent} if parent else {})},
     )
     result = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr

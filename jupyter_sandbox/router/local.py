@@ -2,8 +2,9 @@
 
 The daemon starts it and restarts it if it dies; it can be killed and come back
 without touching any sandbox, just as the router Deployment can on Kubernetes.
-Sandbox ``NAME`` in namespace ``local`` is the runtime socket the daemon lays out
-at ``<state dir>/run/NAME/runtime.sock``; the token secret is the daemon's.
+Sandbox ``NAME`` in namespace ``local`` is the socket the daemon binds for its
+runtime at ``<state dir>/sockets/NAME.sock``, where no sandbox can reach; the
+token secret is the daemon's.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import ctypes
 import logging
 import os
 import signal
+import stat
 import sys
 from pathlib import Path
 
@@ -21,7 +23,7 @@ from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_sockets
 
 from ..control_plane.local.model import NAMESPACE
-from ..control_plane.local.paths import runtime_socket
+from ..control_plane.local.paths import listen_socket
 from .app import make_router_app
 from .settings import RouterContext
 from .tokens import TokenAuthority
@@ -46,8 +48,12 @@ async def serve(state_dir: Path, port: int, parent: int | None) -> None:
     async def lookup(namespace: str, name: str, _port: int) -> Upstream | None:
         if namespace != NAMESPACE:
             return None
-        path = runtime_socket(state_dir, name)
-        return Upstream(unix_socket=str(path)) if path.exists() else None
+        path = listen_socket(state_dir, name)
+        try:
+            is_socket = stat.S_ISSOCK(os.lstat(path).st_mode)
+        except OSError:
+            return None
+        return Upstream(unix_socket=str(path)) if is_socket else None
 
     ctx = RouterContext(lookup=lookup, authority=authority, default_namespace=NAMESPACE)
     server = HTTPServer(make_router_app(ctx), max_body_size=1 << 34, idle_connection_timeout=3600)

@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import sys
 
 from tornado.httpserver import HTTPServer
@@ -24,6 +25,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--port", type=int, default=None, help="TCP port (default 8888)")
     where.add_argument("--unix-socket", help="listen on this Unix socket instead of TCP")
+    where.add_argument(
+        "--listen-fd",
+        type=int,
+        help="serve on this inherited, already listening socket (socket activation)",
+    )
     parser.add_argument("--ip", default="0.0.0.0", help="address for --port")
     parser.add_argument("--workspace", default=os.environ.get("SANDBOX_BASE_DIR", "/workspace"))
     parser.add_argument("--runtime-dir", default=None, help="where kernel IPC sockets live")
@@ -53,7 +59,12 @@ async def serve(args: argparse.Namespace) -> None:
     app = make_app(state, max_upload_bytes=args.max_upload_bytes)
     # Uploads stream and enforce their own bound; other bodies are small JSON.
     server = HTTPServer(app, max_body_size=max(args.max_upload_bytes, 1 << 20) + 1)
-    if args.unix_socket:
+    if args.listen_fd is not None:
+        listener = socket.socket(fileno=args.listen_fd)
+        listener.setblocking(False)
+        server.add_socket(listener)
+        where = f"inherited socket {listener.getsockname() or args.listen_fd}"
+    elif args.unix_socket:
         server.add_socket(bind_unix_socket(args.unix_socket, mode=0o600))
         where = args.unix_socket
     else:

@@ -34,6 +34,7 @@ from ..base import (
     PoolStatus,
     error_from_json,
 )
+from .controller import last_line
 from .paths import socket_path, state_dir
 
 log = logging.getLogger(__name__)
@@ -90,8 +91,9 @@ class LocalControlPlane(ControlPlane):
                     return await self._call("GET", "/api/info", retry=False)
                 except BackendUnavailable:
                     continue
+        log_path = self.base / "daemon.log"
         raise BackendUnavailable(
-            f"the local sandbox daemon did not start; see {self.base / 'daemon.log'}"
+            f"the local sandbox daemon did not start: {last_line(str(log_path))} (see {log_path})"
         )
 
     def _spawn_daemon(self) -> None:
@@ -122,6 +124,7 @@ class LocalControlPlane(ControlPlane):
             launcher = subprocess.Popen(
                 [
                     sys.executable,
+                    "-P",  # never import from the caller's working directory
                     "-m",
                     "jupyter_sandbox.control_plane.local.daemon",
                     "--state-dir",
@@ -134,6 +137,7 @@ class LocalControlPlane(ControlPlane):
                 stderr=log_file,
                 start_new_session=True,
                 close_fds=True,
+                cwd="/",
                 env=env,
             )
             log_file.close()

@@ -21,6 +21,8 @@ import psutil
 
 from ..base import ClaimNotFound, ClaimRequest, ClaimTimeout, InvalidRequest, Phase, PoolNotFound
 from .isolation import Isolation
+from .liveness import PERIOD_SECONDS as LIVENESS_PERIOD
+from .liveness import LivenessProbe
 from .model import (
     NAMESPACE,
     Claim,
@@ -31,7 +33,7 @@ from .model import (
     check_name,
     random_suffix,
 )
-from .paths import runtime_dir
+from .paths import listen_socket, private_dir, runtime_dir
 from .process import LaunchSpec, Limits, SandboxProcess
 
 log = logging.getLogger(__name__)
@@ -63,9 +65,9 @@ class LocalController:
         self._failures: dict[str, list[float]] = {}
         self._deleting: set[asyncio.Task[None]] = set()
         self.listeners: set[Callable[[str, dict[str, Any]], None]] = set()
-        (base / "workspaces").mkdir(exist_ok=True)
-        (base / "run").mkdir(exist_ok=True, mode=0o700)
-        (base / "logs").mkdir(exist_ok=True)
+        self.liveness = LivenessProbe()
+        for sub in ("workspaces", "run", "sockets", "logs"):
+            private_dir(base / sub)
 
     # -- start-up --------------------------------------------------------
 
@@ -73,11 +75,23 @@ class LocalController:
         self.store.load()
         for pool in default_pools:
             self.store.pools.setdefault(pool.name, pool)
-        for sandbox in self.store.sandboxes.values():
+        for sandbox in list(self.store.sandboxes.values()):
             _reap_stale_process(sandbox.pid)
             sandbox.pid = None
             sandbox.ready = False
+            if sandbox.owner.startswith("pool/"):
+                # Nobody has claimed it: start it again from nothing, so whatever
+                # was planted in it before cannot reach the next claimant.
+                self._wipe(sandbox)
+                del self.store.sandboxes[sandbox.name]
         self._dirty = True
+
+    def _wipe(self, sandbox: Sandbox, *, keep_workspace: bool = False) -> None:
+        shutil.rmtree(sandbox.runtime_dir, ignore_errors=True)
+        listen_socket(self.base, sandbox.name).unlink(missing_ok=True)
+        Path(self._log_path(sandbox.name)).unlink(missing_ok=True)
+        if not keep_workspace:
+            shutil.rmtree(sandbox.workspace, ignore_errors=True)
 
     # -- API used by the HTTP handlers ------------------------------------
 
@@ -225,7 +239,7 @@ class LocalController:
         for sandbox in sandboxes:
             if not sandbox.ready and len(self._failures.get(sandbox.name, ())) >= 2:
                 path = self._log_path(sandbox.name)
-                return f"sandboxes keep exiting: {_last_line(path)} (log: {path})"
+                return f"sandboxes keep exiting: {last_line(path)} (log: {path})"
         return ""
 
     # -- the loop ----------------------------------------------------------
@@ -250,6 +264,24 @@ class LocalController:
             except TimeoutError:
                 pass
             self._wake.clear()
+
+    async def probe_liveness(self) -> None:
+        """Restart runtimes that stopped answering (see liveness.py); runs beside ``run``."""
+        while True:
+            await asyncio.sleep(LIVENESS_PERIOD)
+            ready = [
+                (name, proc)
+                for name, proc in self.processes.items()
+                if (sandbox := self.store.sandboxes.get(name)) is not None and sandbox.ready
+            ]
+            results = await asyncio.gather(
+                *(self.liveness.failed(name, proc.socket) for name, proc in ready),
+                return_exceptions=True,
+            )
+            for (name, proc), failed in zip(ready, results, strict=True):
+                if failed is True and self.processes.get(name) is proc:
+                    log.warning("sandbox %s stopped answering its liveness probe; restarting", name)
+                    await proc.stop(grace=0)
 
     async def reconcile(self) -> None:
         self._reap_orphaned_claims()
@@ -381,6 +413,8 @@ class LocalController:
             name=sandbox.name,
             workspace=Path(sandbox.workspace),
             runtime_dir=Path(sandbox.runtime_dir),
+            listen_socket=listen_socket(self.base, sandbox.name),
+            state_dir=self.base,
             log_file=Path(self._log_path(sandbox.name)),
             kernel_name=pool.kernel_name,
             network=pool.network,
@@ -469,9 +503,7 @@ class LocalController:
     async def _remove(self, sandbox: Sandbox, proc: SandboxProcess | None, keep: bool) -> None:
         if proc is not None:
             await proc.stop()
-        shutil.rmtree(sandbox.runtime_dir, ignore_errors=True)
-        if not keep:
-            shutil.rmtree(sandbox.workspace, ignore_errors=True)
+        self._wipe(sandbox, keep_workspace=keep)
         log.info("sandbox %s deleted (workspace %s)", sandbox.name, "kept" if keep else "removed")
 
     async def shutdown(self) -> None:
@@ -556,7 +588,7 @@ def _reap_stale_process(pid: int | None) -> None:
     proc.kill()
 
 
-def _last_line(path: str, limit: int = 8192) -> str:
+def last_line(path: str, limit: int = 8192) -> str:
     try:
         with open(path, "rb") as handle:
             handle.seek(0, os.SEEK_END)

@@ -26,9 +26,9 @@ from ...router.local import die_with_parent
 from ...router.tokens import TokenAuthority, new_secret
 from .api import DaemonContext, make_api_app
 from .controller import LocalController
-from .isolation import probe
+from .isolation import UnsafeMount, probe, python_paths
 from .model import NAMESPACE, PoolSpec
-from .paths import socket_path, state_dir
+from .paths import private_dir, socket_path, state_dir
 
 log = logging.getLogger("jupyter_sandbox.daemon")
 
@@ -47,8 +47,9 @@ def load_secret(base: Path) -> str:
 
 
 async def serve(args: argparse.Namespace) -> int:
-    base = Path(args.state_dir) if args.state_dir else state_dir()
-    base.mkdir(parents=True, exist_ok=True, mode=0o700)
+    base = private_dir(Path(args.state_dir).absolute()) if args.state_dir else state_dir()
+    # Nothing of the caller's working directory may matter to the daemon or its children.
+    os.chdir("/")
     lock = open(base / "daemon.lock", "w")
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -59,6 +60,12 @@ async def serve(args: argparse.Namespace) -> int:
     isolation = probe(disabled=args.no_isolation)
     if not isolation.isolated:
         log.warning("sandboxes are NOT isolated: %s", isolation.detail)
+    else:
+        try:
+            python_paths(base)
+        except UnsafeMount as exc:
+            log.error("cannot start sandboxes: %s", exc)
+            return 2
     controller = LocalController(base, isolation, orphan_grace=args.orphan_grace)
     controller.load([PoolSpec(name=DEFAULT_POOL, replicas=args.default_replicas)])
     authority = TokenAuthority(load_secret(base))
@@ -95,10 +102,12 @@ async def serve(args: argparse.Namespace) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         loop.add_signal_handler(sig, ctx.stop.set)
     runner = asyncio.create_task(controller.run())
+    liveness = asyncio.create_task(controller.probe_liveness())
     idle_task = asyncio.create_task(_idle_watch(controller, ctx.stop, args.idle_timeout))
     await ctx.stop.wait()
     log.info("daemon stopping")
     runner.cancel()
+    liveness.cancel()
     idle_task.cancel()
     api.stop()
     await router.stop()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import os
 import shutil
+import site
 import subprocess
 import sys
 import sysconfig
@@ -100,29 +101,102 @@ def _ro_binds(paths: tuple[str, ...] | list[str]) -> list[str]:
     return args
 
 
-def python_paths() -> list[str]:
-    """Directories the sandbox's Python needs: its prefixes and every sys.path entry."""
-    wanted: list[str] = []
+class UnsafeMount(RuntimeError):
+    """A directory the sandbox's Python needs would expose the user's files or the daemon's."""
+
+
+def _contains(outer: str, inner: str) -> bool:
+    return inner == outer or inner.startswith(outer.rstrip(os.sep) + os.sep)
+
+
+def installation_paths() -> list[str]:
+    """Where the Python installation running us lives: prefixes, stdlib and site directories.
+
+    Deliberately not ``sys.path``: its first entry is the working directory of
+    whoever started the daemon (often the home directory), and ``PYTHONPATH``
+    entries can be anything.
+    """
+    paths = sysconfig.get_paths()
     candidates = [
         sys.prefix,
         sys.base_prefix,
         sys.exec_prefix,
-        sysconfig.get_paths().get("purelib", ""),
-        *sys.path,
+        sys.base_exec_prefix,
+        paths.get("stdlib", ""),
+        paths.get("platstdlib", ""),
+        paths.get("purelib", ""),
+        paths.get("platlib", ""),
     ]
-    for raw in candidates:
-        if not raw or not os.path.isabs(raw):
+    if site.ENABLE_USER_SITE:
+        candidates.append(site.getusersitepackages())
+    return [c for c in candidates if c]
+
+
+def package_dir() -> str:
+    """This package's own directory (outside site-packages for an editable install)."""
+    import jupyter_sandbox
+
+    return os.path.dirname(os.path.abspath(jupyter_sandbox.__file__))
+
+
+def python_paths(
+    state_dir: str | os.PathLike[str] | None = None, home: str | None = None
+) -> list[str]:
+    """Directories to bind read-only so the sandbox's Python and this package import.
+
+    Raises UnsafeMount for a directory that is, or contains, the user's home or the
+    daemon's state directory (say, a Python installed into the home directory
+    itself): binding it would hand every sandbox the user's files, the router's
+    secret and the other sandboxes' workspaces.
+    """
+    home = os.path.realpath(home or os.path.expanduser("~"))
+    state = os.path.realpath(state_dir) if state_dir is not None else None
+    wanted: list[str] = []
+    for raw in [*installation_paths(), package_dir()]:
+        if not os.path.isabs(raw):
             continue
         path = os.path.realpath(raw)
-        if not os.path.exists(path) or path.startswith(SYSTEM_DIRS):
+        if not os.path.isdir(path) or path.startswith(SYSTEM_DIRS):
             continue
-        if os.path.isfile(path):  # zip entries on sys.path
-            path = os.path.dirname(path)
-        if any(path == w or path.startswith(w + os.sep) for w in wanted):
+        _refuse_unsafe(path, home, state)
+        if any(_contains(w, path) for w in wanted):
             continue
-        wanted = [w for w in wanted if not w.startswith(path + os.sep)]
+        wanted = [w for w in wanted if not _contains(path, w)]
         wanted.append(path)
     return sorted(wanted)
+
+
+def _refuse_unsafe(path: str, home: str, state: str | None) -> None:
+    reason = ""
+    if _contains(path, home):
+        reason = f"it contains your home directory {home}"
+    elif state is not None and (_contains(path, state) or _contains(state, path)):
+        reason = f"it overlaps the sandbox daemon's state directory {state}"
+    if reason:
+        raise UnsafeMount(
+            f"refusing to expose {path} to sandboxes: {reason}. Install Python and "
+            "jupyter-sandbox in a directory of their own (for example a virtualenv)."
+        )
+
+
+def package_parent() -> str | None:
+    """The directory to put on the sandbox's PYTHONPATH when the package is not installed
+    into the interpreter's site directories (an editable install or a source checkout)."""
+    parent = os.path.dirname(package_dir())
+    site_dirs = {os.path.realpath(p) for p in installation_paths()}
+    return None if os.path.realpath(parent) in site_dirs else parent
+
+
+@dataclass(frozen=True)
+class Confinement:
+    """What one sandbox's bubblewrap is given besides its directories."""
+
+    state_dir: str | None = None  # never exposed; refuse installs that overlap it
+    tmp_bytes: int | None = None  # size of the private /tmp (also charged to a memory cgroup)
+    seccomp_fd: int | None = None  # a compiled seccomp program for ``--seccomp``
+    info_fd: int | None = None  # bwrap writes {"child-pid": N} here
+    block_fd: int | None = None  # the sandbox waits for a byte here (its network is set up)
+    resolv_conf: str | None = None  # replaces /etc/resolv.conf (a resolver reachable inside)
 
 
 def bwrap_command(
@@ -131,14 +205,23 @@ def bwrap_command(
     runtime_dir: str,
     inner: list[str],
     env: dict[str, str],
-    network: bool,
+    confinement: Confinement = Confinement(),
 ) -> list[str]:
+    """The bwrap command line for one sandbox.
+
+    Every sandbox gets its own network namespace: with no network it has only
+    loopback; with network the daemon attaches user-mode networking to it while
+    bwrap waits on ``block_fd``. Nested user namespaces are disabled, so nothing
+    inside can regain capabilities.
+    """
+    c = confinement
     bwrap = shutil.which("bwrap") or "bwrap"
     args = [
         bwrap,
         "--die-with-parent",
         "--new-session",
         "--unshare-user",
+        "--disable-userns",
         "--uid",
         str(SANDBOX_UID),
         "--gid",
@@ -146,22 +229,26 @@ def bwrap_command(
         "--unshare-pid",
         "--unshare-ipc",
         "--unshare-uts",
+        "--unshare-net",
         "--unshare-cgroup-try",
         "--hostname",
         "sandbox",
         "--cap-drop",
         "ALL",
     ]
-    if not network:
-        args.append("--unshare-net")
     args += _ro_binds(SYSTEM_DIRS)
     for path in ETC_FILES:
-        if os.path.exists(path):
+        if path == "/etc/resolv.conf" and c.resolv_conf:
+            args += ["--ro-bind", c.resolv_conf, path]
+        elif os.path.exists(path):
             args += ["--ro-bind", path, path]
     # The private /tmp goes in before the Python installation: a virtualenv under
     # /tmp must be bound on top of it, not hidden by it.
-    args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--dir", "/run"]
-    for path in python_paths():
+    args += ["--proc", "/proc", "--dev", "/dev"]
+    if c.tmp_bytes:
+        args += ["--size", str(c.tmp_bytes)]
+    args += ["--perms", "1777", "--tmpfs", "/tmp", "--dir", "/run"]
+    for path in python_paths(c.state_dir):
         args += ["--ro-bind", path, path]
     args += [
         "--bind",
@@ -174,6 +261,13 @@ def bwrap_command(
         WORKSPACE,
         "--clearenv",
     ]
+    for flag, fd in (
+        ("--seccomp", c.seccomp_fd),
+        ("--info-fd", c.info_fd),
+        ("--block-fd", c.block_fd),
+    ):
+        if fd is not None:
+            args += [flag, str(fd)]
     for key, value in sorted(env.items()):
         args += ["--setenv", key, value]
     return [*args, "--", *inner]

@@ -14,7 +14,14 @@ def state_dir() -> Path:
     """``$JUPYTER_SANDBOX_HOME``, else ``<jupyter data dir>/sandbox``."""
     configured = os.environ.get(ENV_HOME)
     path = Path(configured) if configured else Path(jupyter_data_dir()) / "sandbox"
+    return private_dir(path)
+
+
+def private_dir(path: Path) -> Path:
+    """Create ``path`` if needed and make it 0700 whatever existed before."""
     path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if path.stat().st_uid == os.getuid():
+        path.chmod(0o700)
     return path
 
 
@@ -23,12 +30,15 @@ def socket_path(base: Path) -> Path:
 
 
 def runtime_dir(base: Path, sandbox: str) -> Path:
-    """Where a sandbox's runtime socket and kernel sockets live."""
+    """Where a sandbox's kernel sockets live (bound at /run/sandbox inside)."""
     return base / "run" / sandbox
 
 
-SOCKET_NAME = "runtime.sock"
+def listen_socket(base: Path, sandbox: str) -> Path:
+    """Where the router reaches a sandbox's runtime.
 
-
-def runtime_socket(base: Path, sandbox: str) -> Path:
-    return runtime_dir(base, sandbox) / SOCKET_NAME
+    The daemon binds it, in a directory no sandbox can see or write, and hands
+    the runtime the listening descriptor (as systemd socket activation does): a
+    sandbox cannot swap the path for a link to another socket.
+    """
+    return base / "sockets" / f"{sandbox}.sock"

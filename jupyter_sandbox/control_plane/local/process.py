@@ -8,13 +8,16 @@ import logging
 import os
 import resource
 import signal
+import socket
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .isolation import RUNTIME_DIR, WORKSPACE, Isolation, bwrap_command
-from .paths import SOCKET_NAME
+from tornado.netutil import bind_unix_socket
+
+from .isolation import RUNTIME_DIR, WORKSPACE, Confinement, Isolation, bwrap_command, package_parent
+from .paths import private_dir
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +57,9 @@ class LaunchSpec:
     name: str
     workspace: Path
     runtime_dir: Path
+    listen_socket: Path
     log_file: Path
+    state_dir: Path | None = None
     kernel_name: str = "python3"
     network: bool = True
     env: dict[str, str] = field(default_factory=dict)
@@ -71,6 +76,9 @@ def sandbox_env(spec: LaunchSpec, isolation: Isolation) -> dict[str, str]:
     env["SANDBOX_BASE_DIR"] = home
     env["JUPYTER_SANDBOX_NAME"] = spec.name
     env["TMPDIR"] = "/tmp" if isolation.isolated else str(spec.runtime_dir / "tmp")
+    parent = package_parent()
+    if parent is not None:  # an editable install: only the package directory is bound
+        env["PYTHONPATH"] = parent
     env.update(spec.env)
     return env
 
@@ -90,79 +98,84 @@ class SandboxProcess:
 
     @property
     def socket(self) -> Path:
-        return self.spec.runtime_dir / SOCKET_NAME
+        return self.spec.listen_socket
 
     @property
     def pid(self) -> int | None:
         return self.proc.pid if self.proc else None
 
+    def _bind_listener(self) -> socket.socket:
+        """Bind the runtime's socket here, where the sandbox cannot reach the path."""
+        path = self.spec.listen_socket
+        private_dir(path.parent)
+        if os.path.lexists(path):
+            path.unlink()
+        return bind_unix_socket(str(path), mode=0o600)
+
     async def start(self) -> None:
         spec = self.spec
-        spec.workspace.mkdir(parents=True, exist_ok=True)
-        spec.runtime_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        if self.socket.exists():
-            self.socket.unlink()
+        private_dir(spec.workspace)
+        private_dir(spec.runtime_dir)
         env = sandbox_env(spec, self.isolation)
+        listener = self._bind_listener()
         read_fd, write_fd = os.pipe()
-        if self.isolation.isolated:
-            inner = [
-                sys.executable,
-                "-m",
-                "jupyter_sandbox.runtime",
-                "--unix-socket",
-                f"{RUNTIME_DIR}/{SOCKET_NAME}",
-                "--workspace",
-                WORKSPACE,
-                "--runtime-dir",
-                f"{RUNTIME_DIR}/kernel",
-                "--kernel-name",
-                spec.kernel_name,
-                "--ready-fd",
-                str(write_fd),
-            ]
-            argv = bwrap_command(
-                workspace=str(spec.workspace),
-                runtime_dir=str(spec.runtime_dir),
-                inner=inner,
-                env=env,
-                network=spec.network,
-            )
-            child_env: dict[str, str] | None = {"PATH": env["PATH"]}
-        else:
-            (spec.runtime_dir / "tmp").mkdir(exist_ok=True)
-            argv = [
-                sys.executable,
-                "-m",
-                "jupyter_sandbox.runtime",
-                "--unix-socket",
-                str(self.socket),
-                "--workspace",
-                str(spec.workspace),
-                "--runtime-dir",
-                str(spec.runtime_dir / "kernel"),
-                "--kernel-name",
-                spec.kernel_name,
-                "--ready-fd",
-                str(write_fd),
-            ]
-            child_env = env
-        log_handle = open(spec.log_file, "ab")
         try:
-            self.proc = await asyncio.create_subprocess_exec(
-                *argv,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=log_handle,
-                stderr=log_handle,
-                env=child_env,
-                cwd=str(spec.workspace),
-                pass_fds=(write_fd,),
-                preexec_fn=spec.limits.apply,
-                start_new_session=True,
-            )
+            argv, child_env = self._command(env, listener.fileno(), write_fd)
+            log_handle = open(spec.log_file, "ab")
+            try:
+                self.proc = await asyncio.create_subprocess_exec(
+                    *argv,
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=log_handle,
+                    stderr=log_handle,
+                    env=child_env,
+                    cwd=str(spec.workspace),
+                    pass_fds=(write_fd, listener.fileno()),
+                    preexec_fn=spec.limits.apply,
+                    start_new_session=True,
+                )
+            finally:
+                log_handle.close()
         finally:
             os.close(write_fd)
-            log_handle.close()
+            listener.close()  # the runtime holds its own copy
         self._ready_reader = asyncio.create_task(self._read_ready(read_fd))
+
+    def _command(
+        self, env: dict[str, str], listen_fd: int, ready_fd: int
+    ) -> tuple[list[str], dict[str, str]]:
+        spec = self.spec
+        isolated = self.isolation.isolated
+        workspace = WORKSPACE if isolated else str(spec.workspace)
+        inner = [
+            sys.executable,
+            "-P",
+            "-m",
+            "jupyter_sandbox.runtime",
+            "--listen-fd",
+            str(listen_fd),
+            "--workspace",
+            workspace,
+            "--runtime-dir",
+            f"{RUNTIME_DIR}/kernel" if isolated else str(spec.runtime_dir / "kernel"),
+            "--kernel-name",
+            spec.kernel_name,
+            "--ready-fd",
+            str(ready_fd),
+        ]
+        if not isolated:
+            (spec.runtime_dir / "tmp").mkdir(exist_ok=True)
+            return inner, env
+        argv = bwrap_command(
+            workspace=str(spec.workspace),
+            runtime_dir=str(spec.runtime_dir),
+            inner=inner,
+            env=env,
+            confinement=Confinement(
+                state_dir=str(spec.state_dir) if spec.state_dir else None,
+            ),
+        )
+        return argv, {"PATH": env["PATH"]}
 
     async def _read_ready(self, fd: int) -> None:
         loop = asyncio.get_running_loop()
