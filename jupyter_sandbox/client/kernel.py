@@ -74,13 +74,7 @@ class KernelTunnel:
 
     def connection_info(self) -> dict[str, Any]:
         return {
-            "transport": "tcp",
-            "ip": self.bridge.ip,
-            "shell_port": self.ports["shell"],
-            "iopub_port": self.ports["iopub"],
-            "stdin_port": self.ports["stdin"],
-            "control_port": self.ports["control"],
-            "hb_port": self.ports["hb"],
+            **self.bridge.connection_info(),
             "key": self.key.decode(),
             "signature_scheme": "hmac-sha256",
         }

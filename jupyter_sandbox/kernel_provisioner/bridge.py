@@ -1,7 +1,10 @@
 """Local ZMQ endpoints for jupyter_client, relayed over one WebSocket to a sandbox.
 
 jupyter_client, the restarter, jupyter_server and nbclient connect to ordinary
-ZMQ sockets on 127.0.0.1. Each message is checked against the bridge's key, then
+ZMQ sockets: Unix sockets (``transport="ipc"``) in a directory only this user
+can open, so neither other local users nor sandboxes can subscribe to a
+kernel's output or send it code (a loopback TCP port is open to every local
+process). Each message is checked against the bridge's key, then
 sent without re-encoding (v1 binary framing) through the router to the runtime,
 which signs it with the kernel's own key. Messages back are signed with the
 bridge's key. The WebSocket reconnects by itself and resumes after the last
@@ -13,6 +16,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
+import shutil
+import tempfile
 import time
 import uuid
 from collections import OrderedDict, deque
@@ -52,7 +58,6 @@ class Bridge:
         *,
         key: bytes,
         signature_scheme: str = "hmac-sha256",
-        ip: str = "127.0.0.1",
         on_kernel_state: Callable[[KernelIdentity, dict[str, Any]], None],
         on_client_request: Callable[[str, dict[str, Any]], Awaitable[bool]],
         on_disconnected: Callable[[int], Awaitable[None]],
@@ -60,8 +65,9 @@ class Bridge:
         if signature_scheme != "hmac-sha256":
             raise ValueError(f"unsupported signature scheme {signature_scheme}")
         self.key = key
-        self.ip = ip
+        self.ip = ""  # ipc path prefix: endpoint ``ipc://<ip>-<port>``
         self.ports: dict[str, int] = {}
+        self._ipc_dir: str | None = None
         self._ctx = zmq.asyncio.Context()
         self._sockets: dict[str, zmq.asyncio.Socket] = {}
         self._tasks: list[asyncio.Task[None]] = []
@@ -85,27 +91,51 @@ class Bridge:
     # -- ZMQ side -----------------------------------------------------------
 
     def bind(self) -> dict[str, int]:
-        """Bind the five kernel sockets on random loopback ports (once)."""
+        """Bind the five kernel sockets as Unix sockets in a private directory (once)."""
         if self.ports:
             return self.ports
-        kinds = {
-            "shell": zmq.ROUTER,
-            "control": zmq.ROUTER,
-            "stdin": zmq.ROUTER,
-            "iopub": zmq.PUB,
-            "hb": zmq.ROUTER,
-        }
-        for channel, kind in kinds.items():
+        self._ipc_dir = tempfile.mkdtemp(prefix="jsbx-", dir=_ipc_parent())
+        self.ip = os.path.join(self._ipc_dir, "k")
+        for number, (channel, kind) in enumerate(CHANNEL_KINDS.items(), start=1):
             sock = self._ctx.socket(kind)
             sock.setsockopt(zmq.LINGER, 0)
             if kind == zmq.ROUTER:
                 sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
-            self.ports[channel] = sock.bind_to_random_port(f"tcp://{self.ip}")
+            self.ports[channel] = number
+            sock.bind(self._endpoint_of(channel))
             self._sockets[channel] = sock
         for channel in REQUEST_CHANNELS:
             self._tasks.append(asyncio.create_task(self._read_client(channel)))
         self._tasks.append(asyncio.create_task(self._heartbeat()))
         return self.ports
+
+    def _endpoint_of(self, channel: str) -> str:
+        return f"ipc://{self.ip}-{self.ports[channel]}"
+
+    def connection_info(self) -> dict[str, Any]:
+        """The ZMQ half of a kernel connection file (without the key)."""
+        return {
+            "transport": "ipc",
+            "ip": self.ip,
+            **{f"{channel}_port": port for channel, port in self.ports.items()},
+        }
+
+    async def restore_endpoints(self) -> None:
+        """Bind again the socket files someone removed.
+
+        jupyter_client deletes a kernel's ipc files on every restart
+        (``cleanup_ipc_files``) while this bridge, kept across restarts, still
+        holds the sockets: without the files nobody new could connect.
+        """
+        for channel, sock in self._sockets.items():
+            if os.path.exists(f"{self.ip}-{self.ports[channel]}"):
+                continue
+            endpoint = self._endpoint_of(channel)
+            try:
+                sock.unbind(endpoint)
+            except zmq.ZMQError:
+                pass
+            sock.bind(endpoint)
 
     async def _heartbeat(self) -> None:
         sock = self._sockets["hb"]
@@ -321,3 +351,26 @@ class Bridge:
             sock.close(linger=0)
         self._sockets.clear()
         self._ctx.term()
+        if self._ipc_dir is not None:
+            shutil.rmtree(self._ipc_dir, ignore_errors=True)
+
+
+CHANNEL_KINDS = {
+    "shell": zmq.ROUTER,
+    "control": zmq.ROUTER,
+    "stdin": zmq.ROUTER,
+    "iopub": zmq.PUB,
+    "hb": zmq.ROUTER,
+}
+
+
+def _ipc_parent() -> str | None:
+    """``$XDG_RUNTIME_DIR`` (private to the user) when usable, else the temp directory.
+
+    The socket directory itself is made 0700 either way; a short parent keeps the
+    paths under the Unix socket length limit.
+    """
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime and os.path.isdir(runtime) and os.access(runtime, os.W_OK) and len(runtime) < 60:
+        return runtime
+    return None

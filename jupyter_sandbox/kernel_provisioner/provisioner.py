@@ -106,17 +106,13 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
                 orphan_grace=self.orphan_grace,
             )
             try:
-                ports = await background().run(self._session.start())
+                await background().run(self._session.start())
             except BaseException:
                 self._session = None  # start() released whatever it had claimed
                 raise
-            km.transport = "tcp"
-            km.ip = self._session.bridge.ip
-            km.shell_port = ports["shell"]
-            km.iopub_port = ports["iopub"]
-            km.stdin_port = ports["stdin"]
-            km.hb_port = ports["hb"]
-            km.control_port = ports["control"]
+            km.load_connection_info(self._session.bridge.connection_info())
+        else:  # a restart: jupyter_client removed the ipc files of the bridge it keeps
+            await background().run(self._session.bridge.restore_endpoints())
         kwargs["env"] = {}
         cmd = list(self.kernel_spec.argv) if self.kernel_spec else []
         return await super().pre_launch(cmd=cmd, **kwargs)
