@@ -8,7 +8,14 @@ watch-backed cache of Sandbox status (pod IPs, service FQDN; see
 every other namespace.  With ``--token-secret-file`` it admits only callers
 holding a token scoped to the sandbox they address.  With ``--hub-api-url``
 it also admits JupyterHub users, each only to the sandboxes whose claims name
-them (``router/authorization.py``); that needs ``--resolve=api``.
+them (``router/authorization.py``); that needs ``--resolve=api``.  The secret
+must be 32 bytes or more; the same file serves upstream sandbox-router's
+``--authz-scoped-token-secret-file``, whose ``v1.`` tokens are accepted too.
+
+Timeouts (seconds, environment): ``PROXY_TIMEOUT_SECONDS`` for an exchange with a
+sandbox, ``ROUTER_IDLE_TIMEOUT_SECONDS`` for a connection to send a request head
+(and to idle between requests), ``ROUTER_BODY_TIMEOUT_SECONDS`` for a request body;
+see ``router/settings.py``.
 """
 
 from __future__ import annotations
@@ -115,11 +122,18 @@ def make_lookup(args: argparse.Namespace) -> tuple[Any, Any]:
     return lookup, None
 
 
+def load_authority(path: str) -> TokenAuthority:
+    """The token authority for the secret in ``path``; exits with the reason if unusable
+    (unreadable, or under 32 bytes: such a secret makes every sandbox's token forgeable)."""
+    try:
+        with open(path, "rb") as handle:
+            return TokenAuthority(handle.read())
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"jupyter-sandbox router: --token-secret-file {path}: {exc}") from None
+
+
 async def serve(args: argparse.Namespace) -> None:
-    authority = None
-    if args.token_secret_file:
-        with open(args.token_secret_file) as handle:
-            authority = TokenAuthority(handle.read().strip())
+    authority = load_authority(args.token_secret_file) if args.token_secret_file else None
 
     lookup, resolver = await asyncio.to_thread(make_lookup, args)
     # Listen only once the Sandbox cache is filled: before that every known sandbox
@@ -134,7 +148,7 @@ async def serve(args: argparse.Namespace) -> None:
         owner_of=resolver.owner_of if hub is not None else None,
         default_namespace=args.default_namespace,
     )
-    server = HTTPServer(make_router_app(ctx), max_body_size=1 << 34)
+    server = HTTPServer(make_router_app(ctx), max_body_size=1 << 34, **ctx.server_options())
     server.listen(args.port, address=args.address)
     log.info(
         "router on %s:%s (resolve: %s, auth: %s)",

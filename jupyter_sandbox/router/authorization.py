@@ -2,7 +2,8 @@
 
 - a scoped token: a JWT signed with the router's secret naming exactly this
   sandbox (``router/tokens.py``; what the local backend and the SDK's gateway
-  mode hand out);
+  mode hand out), or upstream sandbox-router's ``v1.`` scoped token made with
+  the same secret (``router/scoped_token.py``);
 - a JupyterHub API token whose user is the one the sandbox's claim names
   (``router/hub_auth.py``; what single-user servers send on a hub).
 
@@ -33,6 +34,7 @@ def credential(header_value: str | None) -> str | None:
 
 
 def looks_like_jwt(token: str) -> bool:
+    """A scoped token (a JWT or a ``v1.`` token: three dot-separated parts), not a hub token."""
     return token.count(".") == 2
 
 

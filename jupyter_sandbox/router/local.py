@@ -3,7 +3,7 @@
 The daemon starts it and restarts it if it dies; it can be killed and come back
 without touching any sandbox, just as the router Deployment can on Kubernetes.
 Sandbox ``NAME`` in namespace ``local`` is the socket the daemon binds for its
-runtime at ``<state dir>/sockets/NAME.sock``, where no sandbox can reach; the
+runtime in ``<state dir>/sockets/`` (see ``listen_socket``), where no sandbox can reach; the
 token secret is the daemon's.
 """
 
@@ -56,7 +56,7 @@ async def serve(state_dir: Path, port: int, parent: int | None) -> None:
         return Upstream(unix_socket=str(path)) if is_socket else None
 
     ctx = RouterContext(lookup=lookup, authority=authority, default_namespace=NAMESPACE)
-    server = HTTPServer(make_router_app(ctx), max_body_size=1 << 34, idle_connection_timeout=3600)
+    server = HTTPServer(make_router_app(ctx), max_body_size=1 << 34, **ctx.server_options())
     server.add_sockets(bind_sockets(port, address="127.0.0.1"))
     log.info("local router on 127.0.0.1:%s for %s", port, state_dir)
     stop = asyncio.Event()

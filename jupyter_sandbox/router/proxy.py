@@ -5,13 +5,20 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
-import yarl
 from tornado import httputil, iostream, web
 
-from .routing import Route, RoutingError, forward_headers, parse_route, response_headers
+from .routing import (
+    Route,
+    RoutingError,
+    forward_headers,
+    origin_form,
+    parse_route,
+    response_headers,
+)
 from .settings import RouterContext
 from .tokens import TokenRefused
 from .upstreams import Upstream
@@ -28,11 +35,25 @@ class Refused(Exception):
         self.message = message
 
 
-async def route_request(
-    ctx: RouterContext, request: httputil.HTTPServerRequest
-) -> tuple[Route, Upstream]:
+@dataclass(frozen=True)
+class Destination:
+    """Where an admitted request goes: the sandbox, and the path and query to ask it for."""
+
+    route: Route
+    upstream: Upstream
+    path: str
+    query: str
+
+    @property
+    def target(self) -> str:
+        return f"{self.path}?{self.query}" if self.query else self.path
+
+
+async def route_request(ctx: RouterContext, request: httputil.HTTPServerRequest) -> Destination:
     """Validate, authorize and resolve a request, or raise Refused with its status."""
     try:
+        # The target first: whatever the caller's token, only a path may go upstream.
+        path, query = origin_form(request.uri)
         route = parse_route(request.headers, ctx.default_namespace)
     except RoutingError as exc:
         raise Refused(400, str(exc)) from None
@@ -46,7 +67,7 @@ async def route_request(
     if route.pod_ip is not None and route.pod_ip != upstream.host:
         raise Refused(403, "X-Sandbox-Pod-IP does not match the sandbox")
     ctx.resolver.register(upstream)
-    return route, upstream
+    return Destination(route, upstream, path, query)
 
 
 def send_error(handler: web.RequestHandler, status: int, message: str) -> None:
@@ -70,21 +91,26 @@ class HTTPProxyHandler(web.RequestHandler):
 
     async def prepare(self) -> None:
         try:
-            route, upstream = await route_request(self.ctx, self.request)
+            to = await route_request(self.ctx, self.request)
         except Refused as exc:
             send_error(self, exc.status, exc.message)
             return
+        try:
+            url = to.upstream.http_url(to.path, to.query)
+        except ValueError as exc:  # the lookup gave an address no URL can hold
+            log.warning("cannot proxy to %s: %s", to.upstream, exc)
+            send_error(self, 502, "the sandbox has no usable address")
+            return
+        route = to.route
         method = self.request.method or "GET"
         if method in BODY_METHODS:
             self._body = asyncio.Queue(maxsize=16)
-        uri = self.request.uri or "/"
-        log.debug("proxy %s %s -> %s/%s", method, uri, route.namespace, route.name)
-        session = self.ctx.session_for(upstream)
+        log.debug("proxy %s %s -> %s/%s", method, to.target, route.namespace, route.name)
+        session = self.ctx.session_for(to.upstream)
         self._upstream = asyncio.ensure_future(
             session.request(
                 method,
-                # encoded=True: the path goes up byte for byte (no dot-segment folding).
-                yarl.URL(f"http://{upstream.authority()}{uri}", encoded=True),
+                url,
                 headers=forward_headers(self.request.headers),
                 data=self._produce_body() if self._body is not None else None,
                 allow_redirects=False,

@@ -14,6 +14,14 @@ log = logging.getLogger(__name__)
 DEFAULT_NAMESPACE = "default"
 DEFAULT_PORT = 8888
 DNS_LABEL = re.compile(r"^[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?$")
+# origin-form (RFC 9112 3.2.1): "/" and then visible ASCII, but not "//" first (read as
+# "//host" by URL parsers), no "\\" (read as "/" by some) and no "#" (never on the wire).
+ORIGIN_FORM = re.compile(r"^/(?!/)[\x21-\x7e]*$")
+NOT_IN_TARGET = frozenset("#\\")
+NOT_ORIGIN_FORM = (
+    "the request target must be a path starting with a single '/' (origin-form); "
+    "absolute URLs, host:port, '*' and anything before the path are not proxied"
+)
 
 ROUTING_HEADERS = frozenset(
     {
@@ -59,6 +67,18 @@ class Route:
     port: int
     pod_ip: str | None
     timeout: float | None = None  # X-Sandbox-Timeout: this request's proxy timeout
+
+
+def origin_form(target: str | None) -> tuple[str, str]:
+    """The path and query of an origin-form request target; RoutingError otherwise.
+
+    Only these go upstream: the sandbox's authority is the router's to choose, so a
+    target such as ``@host:port/`` or ``http://host/`` must never reach URL building.
+    """
+    if not target or not ORIGIN_FORM.match(target) or NOT_IN_TARGET.intersection(target):
+        raise RoutingError(NOT_ORIGIN_FORM)
+    path, _, query = target.partition("?")
+    return path, query
 
 
 def parse_route(headers: Mapping[str, str], default_namespace: str = DEFAULT_NAMESPACE) -> Route:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 
@@ -14,15 +15,34 @@ from .upstreams import UnixSocketResolver, Upstream, UpstreamLookup
 
 DEFAULT_PROXY_TIMEOUT = 180.0
 DEFAULT_MAX_WS_MESSAGE = 256 * 1024 * 1024
+# How long a connection may sit without a complete request head: both the wait for
+# the headers of a new connection (a client that connects and trickles or sends
+# nothing) and the idle keep-alive wait between requests.  Above the 15 s after
+# which aiohttp's pools drop idle connections, so pooled clients close first.
+DEFAULT_IDLE_TIMEOUT = 20.0
+# Overrides, in seconds (positive numbers; anything else keeps the default).
+PROXY_TIMEOUT_ENV = "PROXY_TIMEOUT_SECONDS"
+IDLE_TIMEOUT_ENV = "ROUTER_IDLE_TIMEOUT_SECONDS"
+# A request body may take as long as the exchange it belongs to: the proxy timeout
+# unless set apart.  Not bounded, the upload of a stalled client is held forever.
+BODY_TIMEOUT_ENV = "ROUTER_BODY_TIMEOUT_SECONDS"
 
 
-def proxy_timeout_from_env() -> float:
-    raw = os.environ.get("PROXY_TIMEOUT_SECONDS", "")
+def seconds_from_env(name: str, default: float) -> float:
+    raw = os.environ.get(name, "")
     try:
         value = float(raw)
     except ValueError:
-        return DEFAULT_PROXY_TIMEOUT
-    return value if value > 0 else DEFAULT_PROXY_TIMEOUT
+        return default
+    return value if math.isfinite(value) and value > 0 else default
+
+
+def proxy_timeout_from_env() -> float:
+    return seconds_from_env(PROXY_TIMEOUT_ENV, DEFAULT_PROXY_TIMEOUT)
+
+
+def idle_timeout_from_env() -> float:
+    return seconds_from_env(IDLE_TIMEOUT_ENV, DEFAULT_IDLE_TIMEOUT)
 
 
 @dataclass
@@ -33,6 +53,8 @@ class RouterContext:
     owner_of: OwnerLookup | None = None
     default_namespace: str = "default"
     proxy_timeout: float = field(default_factory=proxy_timeout_from_env)
+    idle_timeout: float = field(default_factory=idle_timeout_from_env)
+    body_timeout: float | None = None  # None: BODY_TIMEOUT_ENV, else the proxy timeout
     connect_timeout: float = 10.0
     max_ws_message: int = DEFAULT_MAX_WS_MESSAGE
     max_clients: int = 1000
@@ -43,6 +65,18 @@ class RouterContext:
 
     def __post_init__(self) -> None:
         self.auth = Authorizer(self.authority, self.hub, self.owner_of)
+        if self.body_timeout is None:
+            self.body_timeout = seconds_from_env(BODY_TIMEOUT_ENV, self.proxy_timeout)
+
+    def server_options(self) -> dict[str, float | None]:
+        """Timeouts for the tornado HTTPServer in front of the router app.
+
+        ``idle_connection_timeout`` bounds the wait for a request head (tornado's
+        header timeout) and between keep-alive requests; ``body_timeout`` the whole
+        read of a request body.  Neither applies to a WebSocket once it is upgraded:
+        the tunnel detaches the connection from the HTTP server.
+        """
+        return {"idle_connection_timeout": self.idle_timeout, "body_timeout": self.body_timeout}
 
     def session_for(self, upstream: Upstream) -> aiohttp.ClientSession:
         """A pooled keep-alive client: one for TCP upstreams, one per Unix socket."""

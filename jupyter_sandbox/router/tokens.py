@@ -1,7 +1,10 @@
-"""Scoped sandbox tokens: an HMAC-signed JWT naming one sandbox in one namespace.
+"""Scoped sandbox tokens: an HMAC-signed token naming one sandbox in one namespace.
 
 The control plane issues a token when it hands out a claim; the router lets the
-holder reach that sandbox and no other, until the token expires.
+holder reach that sandbox and no other, until the token expires.  Two formats
+share the secret: our JWT (HS256, which also carries a subject) and upstream
+sandbox-router's ``v1.<payload>.<sig>`` (``router/scoped_token.py``); ``check``
+accepts both, ``issue`` mints either.
 """
 
 from __future__ import annotations
@@ -9,10 +12,13 @@ from __future__ import annotations
 import secrets
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import jwt
 
+from . import scoped_token
+
+TokenFormat = Literal["jwt", "scoped-v1"]
 ALGORITHM = "HS256"
 ISSUER = "jupyter-sandbox"
 DEFAULT_TTL = 7 * 24 * 3600
@@ -43,14 +49,24 @@ VERIFIED_CACHE = 4096
 
 class TokenAuthority:
     def __init__(self, secret: str | bytes) -> None:
-        if not secret:
-            raise ValueError("the token secret must not be empty")
-        self._secret = secret.encode() if isinstance(secret, str) else secret
-        # token -> its verified claims: a token never changes, so its signature
-        # is checked once, not on every request it comes with (expiry still is)
-        self._verified: dict[str, tuple[float, dict[str, Any]]] = {}
+        # Whitespace around the secret is dropped (a mounted file's newline), as
+        # upstream does; what is left must be at least 32 bytes, the HMAC size.
+        self._secret = scoped_token.normalize_secret(secret)
+        # token -> (expiry, scope): a token never changes, so its signature is
+        # checked once, not on every request it comes with (expiry still is)
+        self._verified: dict[str, tuple[float, Scope]] = {}
 
-    def issue(self, scope: Scope, ttl: float = DEFAULT_TTL) -> str:
+    def issue(self, scope: Scope, ttl: float = DEFAULT_TTL, *, format: TokenFormat = "jwt") -> str:
+        """A token for ``scope`` valid for ``ttl`` seconds.
+
+        ``format="scoped-v1"`` mints upstream sandbox-router's token (as its
+        ``MintScopedToken``): it holds no subject, and ``ttl`` must be 1 s or more.
+        """
+        if format == "scoped-v1":
+            if ttl < 1:
+                raise ValueError("a scoped-v1 token needs a ttl of at least 1 second")
+            exp = int(time.time() + ttl)
+            return scoped_token.mint(self._secret, scope.namespace, scope.name, exp)
         now = int(time.time())
         claims = {
             "iss": ISSUER,
@@ -67,12 +83,22 @@ class TokenAuthority:
         if not token:
             raise TokenRefused(401, "a sandbox token is required (Authorization: Bearer ...)")
         hit = self._verified.get(token)
-        claims = hit[1] if hit is not None and hit[0] > time.time() else self._verify(token)
-        if claims.get("ns") != namespace or claims.get("sbx") != name:
+        scope = hit[1] if hit is not None and hit[0] > time.time() else self._verify(token)
+        if scope.namespace != namespace or scope.name != name:
             raise TokenRefused(403, "the sandbox token is for another sandbox")
-        return Scope(namespace=namespace, name=name, subject=str(claims.get("sub", "")))
+        return scope
 
-    def _verify(self, token: str) -> dict[str, Any]:
+    def _verify(self, token: str) -> Scope:
+        if token.startswith(scoped_token.VERSION + "."):
+            exp, scope = self._verify_scoped(token)
+        else:
+            exp, scope = self._verify_jwt(token)
+        if len(self._verified) >= VERIFIED_CACHE:
+            self._verified.clear()
+        self._verified[token] = (exp, scope)
+        return scope
+
+    def _verify_jwt(self, token: str) -> tuple[float, Scope]:
         try:
             claims: dict[str, Any] = jwt.decode(
                 token,
@@ -85,7 +111,19 @@ class TokenAuthority:
             raise TokenRefused(403, "the sandbox token has expired") from None
         except jwt.InvalidTokenError:
             raise TokenRefused(403, "the sandbox token is not valid") from None
-        if len(self._verified) >= VERIFIED_CACHE:
-            self._verified.clear()
-        self._verified[token] = (float(claims["exp"]), claims)
-        return claims
+        namespace, name = claims["ns"], claims["sbx"]
+        if not isinstance(namespace, str) or not isinstance(name, str):
+            raise TokenRefused(403, "the sandbox token is not valid")
+        scope = Scope(namespace=namespace, name=name, subject=str(claims.get("sub", "")))
+        return float(claims["exp"]), scope
+
+    def _verify_scoped(self, token: str) -> tuple[float, Scope]:
+        """Upstream's v1 token.  Refusals answer as for our JWTs (403), where upstream
+        answers 401 for a bad or expired token and 403 for another sandbox."""
+        try:
+            claims = scoped_token.verify(self._secret, token, time.time())
+        except scoped_token.Expired:
+            raise TokenRefused(403, "the sandbox token has expired") from None
+        except scoped_token.Malformed:
+            raise TokenRefused(403, "the sandbox token is not valid") from None
+        return float(claims.exp), Scope(namespace=claims.namespace, name=claims.name)

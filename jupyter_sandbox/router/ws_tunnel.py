@@ -45,14 +45,16 @@ class WebSocketTunnelHandler(web.RequestHandler):
 
     async def get(self, *args: Any) -> None:
         try:
-            _, upstream = await route_request(self.ctx, self.request)
+            to = await route_request(self.ctx, self.request)
         except Refused as exc:
             send_error(self, exc.status, exc.message)
             return
-        host, _, port = upstream.authority().rpartition(":")
+        upstream = to.upstream
         try:
             sandbox = await asyncio.wait_for(
-                TCPClient(resolver=self.ctx.resolver).connect(host.strip("[]"), int(port)),
+                TCPClient(resolver=self.ctx.resolver).connect(
+                    upstream.url_host().strip("[]"), upstream.url_port()
+                ),
                 self.ctx.connect_timeout,
             )
         except (OSError, TimeoutError, iostream.StreamClosedError) as exc:
@@ -60,7 +62,7 @@ class WebSocketTunnelHandler(web.RequestHandler):
             send_error(self, 502, "sandbox unreachable")
             return
         try:
-            status, headers = await self._handshake(sandbox, upstream.authority())
+            status, headers = await self._handshake(sandbox, upstream.authority(), to.target)
         except (
             iostream.StreamClosedError,
             iostream.UnsatisfiableReadError,
@@ -87,11 +89,12 @@ class WebSocketTunnelHandler(web.RequestHandler):
         await _splice(client, sandbox, self.ctx.max_ws_message)
 
     async def _handshake(
-        self, sandbox: iostream.IOStream, authority: str
+        self, sandbox: iostream.IOStream, authority: str, target: str
     ) -> tuple[int, httputil.HTTPHeaders]:
+        """Replay the client's upgrade request, for ``target`` (origin-form, checked)."""
         request = self.request
         lines = [
-            f"GET {request.uri or '/'} HTTP/1.1",
+            f"GET {target} HTTP/1.1",
             f"Host: {authority}",
             "Upgrade: websocket",
             "Connection: Upgrade",
