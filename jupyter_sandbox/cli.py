@@ -61,6 +61,8 @@ def cmd_lab(args: argparse.Namespace) -> int:
                 f"WARNING: sandboxes are not isolated: {info.get('isolation_detail')}",
                 file=sys.stderr,
             )
+        if "not enforced" in str(info.get("limits", "")):
+            print(f"WARNING: sandbox {info['limits']}", file=sys.stderr)
         await plane.close()
         return 0
 
@@ -117,8 +119,9 @@ def cmd_pool(args: argparse.Namespace) -> int:
                 _print(pools, args.json, _pool_table)
             elif args.pool_cmd == "create":
                 spec: dict[str, Any] = {"replicas": args.replicas, "network": not args.no_network}
-                if args.memory_mb:
-                    spec["memory_mb"] = args.memory_mb
+                for option in ("memory_mb", "max_processes", "cpus", "tmp_mb"):
+                    if getattr(args, option) is not None:
+                        spec[option] = getattr(args, option)
                 if args.display_name:
                     spec["display_name"] = args.display_name
                 if args.keep_workspace:
@@ -216,6 +219,9 @@ def _pool_table(rows: list[dict[str, Any]]) -> None:
     for row in rows:
         if row.get("message"):
             print(f"{row['name']}: {row['message']}")
+    limits = {str(row.get("limits", "")) for row in rows}
+    for line in sorted(text for text in limits if "not enforced" in text):
+        print(f"note: {line}")
 
 
 def _table(rows: list[dict[str, Any]], columns: list[str]) -> None:
@@ -256,7 +262,12 @@ def build_parser() -> argparse.ArgumentParser:
     create.add_argument("name")
     create.add_argument("--replicas", type=int, default=2)
     create.add_argument("--no-network", action="store_true")
-    create.add_argument("--memory-mb", type=int)
+    create.add_argument(
+        "--memory-mb", type=int, help="memory limit, /tmp included (a cgroup where available)"
+    )
+    create.add_argument("--max-processes", type=int, help="process limit (default 1024)")
+    create.add_argument("--cpus", type=float, help="CPU quota in cores (a cgroup)")
+    create.add_argument("--tmp-mb", type=int, help="size of the private /tmp (default 1024)")
     create.add_argument("--display-name")
     create.add_argument(
         "--keep-workspace",

@@ -166,6 +166,7 @@ class PoolStatus:
     starting: int = 0
     claimed: int = 0
     isolation: str = "unknown"
+    limits: str = ""  # how resource limits are enforced (local backend)
     display_name: str = ""
     message: str = ""  # why members do not get ready, when they keep failing
 

@@ -9,6 +9,7 @@ pass keeps the daemon correct after a crash or a missed event.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import os
 import shutil
@@ -20,6 +21,7 @@ from typing import Any
 import psutil
 
 from ..base import ClaimNotFound, ClaimRequest, ClaimTimeout, InvalidRequest, Phase, PoolNotFound
+from .cgroups import CgroupError, CgroupLimits, SandboxCgroup
 from .isolation import Isolation
 from .liveness import PERIOD_SECONDS as LIVENESS_PERIOD
 from .liveness import LivenessProbe
@@ -41,6 +43,8 @@ log = logging.getLogger(__name__)
 RESYNC_SECONDS = 2.0
 READY_TIMEOUT = 120.0
 MAX_QUICK_RESTARTS = 5
+# Without a configured limit a sandbox still cannot fork-bomb the machine.
+DEFAULT_MAX_PIDS = 1024
 
 
 class LocalController:
@@ -51,6 +55,8 @@ class LocalController:
         *,
         orphan_grace: float = 30.0,
         max_claims: int = 200,
+        cgroups: CgroupLimits | None = None,
+        limits: str = "",
     ) -> None:
         self.base = base
         self.isolation = isolation
@@ -66,6 +72,10 @@ class LocalController:
         self._deleting: set[asyncio.Task[None]] = set()
         self.listeners: set[Callable[[str, dict[str, Any]], None]] = set()
         self.liveness = LivenessProbe()
+        self.cgroups = cgroups or CgroupLimits()
+        self.limits = limits  # how resource limits are enforced, in words
+        # Several daemons (users' state directories) may share one cgroup parent.
+        self._cgroup_prefix = hashlib.sha256(str(base).encode()).hexdigest()[:8] + "-"
         for sub in ("workspaces", "run", "sockets", "logs"):
             private_dir(base / sub)
 
@@ -230,6 +240,7 @@ class LocalController:
             "starting": len(owned) - ready,
             "claimed": claimed,
             "isolation": self.isolation.kind,
+            "limits": self.limits,
             "display_name": pool.display_name or f"Python 3 (sandbox: {pool.name})",
             "message": self._failing(owned),
         }
@@ -424,6 +435,8 @@ class LocalController:
                 cpu_seconds=pool.cpu_seconds,
                 max_processes=pool.max_processes,
             ),
+            tmp_bytes=pool.tmp_bytes(),
+            cgroup=self._cgroup(sandbox.name, pool),
         )
         proc = SandboxProcess(spec, self.isolation)
         self.processes[sandbox.name] = proc
@@ -438,6 +451,29 @@ class LocalController:
         sandbox.pid = proc.pid
         self._dirty = True
         proc.supervisor = asyncio.create_task(self._supervise(sandbox.name, proc))
+
+    def _cgroup(self, name: str, pool: PoolSpec) -> SandboxCgroup | None:
+        """A cgroup with the pool's limits, where this daemon can create one."""
+        if not self.cgroups.probe().enforced:
+            return None
+        try:
+            return self.cgroups.create(
+                self._cgroup_prefix + name,
+                memory_bytes=pool.memory_mb * 1024 * 1024 if pool.memory_mb else None,
+                max_pids=pool.max_processes or DEFAULT_MAX_PIDS,
+                cpu_quota_fraction=pool.cpus,
+            )
+        except (OSError, CgroupError) as exc:
+            log.error("no cgroup for sandbox %s, rlimits only: %s", name, exc)
+            return None
+
+    def remove_stale_cgroups(self) -> None:
+        """Cgroups this daemon's predecessor left (it died without removing them)."""
+        if not self.cgroups.probe().enforced:
+            return
+        for name in self.cgroups.sandboxes():
+            if name.startswith(self._cgroup_prefix):
+                self.cgroups.group(name).remove(timeout=1)
 
     async def _supervise(self, name: str, proc: SandboxProcess) -> None:
         waiter = asyncio.create_task(proc.wait())

@@ -24,11 +24,13 @@ from tornado.netutil import bind_sockets, bind_unix_socket
 from ..._version import __version__
 from ...router.local import die_with_parent
 from ...router.tokens import TokenAuthority, new_secret
+from . import seccomp_filter
 from .api import DaemonContext, make_api_app
+from .cgroups import CgroupLimits
 from .controller import LocalController
-from .isolation import UnsafeMount, probe, python_paths
+from .isolation import Isolation, UnsafeMount, probe, python_paths
 from .model import NAMESPACE, PoolSpec
-from .paths import private_dir, socket_path, state_dir
+from .paths import check_socket_room, private_dir, socket_path, state_dir
 
 log = logging.getLogger("jupyter_sandbox.daemon")
 
@@ -50,6 +52,11 @@ async def serve(args: argparse.Namespace) -> int:
     base = private_dir(Path(args.state_dir).absolute()) if args.state_dir else state_dir()
     # Nothing of the caller's working directory may matter to the daemon or its children.
     os.chdir("/")
+    try:
+        check_socket_room(base)
+    except ValueError as exc:
+        log.error("cannot start: %s", exc)
+        return 2
     lock = open(base / "daemon.lock", "w")
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -66,8 +73,15 @@ async def serve(args: argparse.Namespace) -> int:
         except UnsafeMount as exc:
             log.error("cannot start sandboxes: %s", exc)
             return 2
-    controller = LocalController(base, isolation, orphan_grace=args.orphan_grace)
+    cgroups = CgroupLimits()
+    isolation, limits = describe_confinement(isolation, cgroups)
+    if "not enforced" in limits:
+        log.warning("sandbox %s", limits)
+    controller = LocalController(
+        base, isolation, orphan_grace=args.orphan_grace, cgroups=cgroups, limits=limits
+    )
     controller.load([PoolSpec(name=DEFAULT_POOL, replicas=args.default_replicas)])
+    controller.remove_stale_cgroups()
     authority = TokenAuthority(load_secret(base))
 
     router = RouterProcess(base, args.router_port)
@@ -80,6 +94,7 @@ async def serve(args: argparse.Namespace) -> int:
         "namespace": NAMESPACE,
         "isolation": isolation.kind,
         "isolation_detail": isolation.detail,
+        "limits": limits,
         "state_dir": str(base),
         "started": time.time(),
     }
@@ -116,6 +131,20 @@ async def serve(args: argparse.Namespace) -> int:
         path.unlink(missing_ok=True)
     lock.close()
     return 0
+
+
+def describe_confinement(isolation: Isolation, cgroups: CgroupLimits) -> tuple[Isolation, str]:
+    """The isolation with what seccomp adds, and how resource limits are enforced."""
+    capability = cgroups.probe()
+    if capability.enforced:
+        limits = f"limits: {capability}"
+    else:
+        limits = f"limits not enforced by cgroups, rlimits only ({capability.detail})"
+    if not isolation.isolated:
+        return isolation, limits
+    seccomp = seccomp_filter.probe()
+    extra = seccomp.detail if seccomp.available else f"NO seccomp filter: {seccomp.detail}"
+    return Isolation(isolation.kind, f"{isolation.detail}; {extra}; {limits}"), limits
 
 
 class RouterProcess:

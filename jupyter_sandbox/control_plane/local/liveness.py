@@ -17,8 +17,8 @@ from tornado.simple_httpclient import SimpleAsyncHTTPClient
 from ...router.upstreams import UnixSocketResolver, Upstream
 
 PERIOD_SECONDS = 5.0
-TIMEOUT_SECONDS = 3.0
-FAILURE_THRESHOLD = 2
+TIMEOUT_SECONDS = 5.0
+FAILURE_THRESHOLD = 3
 
 
 @dataclass
@@ -43,7 +43,7 @@ class LivenessProbe:
         )
         try:
             response = await self._http.fetch(request, raise_error=False)
-        except OSError:
+        except (OSError, httpclient.HTTPClientError):  # refused, or timed out
             return False
         return response.code == 200
 

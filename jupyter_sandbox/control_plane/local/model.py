@@ -18,6 +18,7 @@ NAME = re.compile(r"^[a-z0-9](?:[-a-z0-9]{0,40}[a-z0-9])?$")
 LABEL_KEY = re.compile(r"^([a-z0-9.-]{1,253}/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 MAX_LABEL_VALUE = 253
 NAMESPACE = "local"
+DEFAULT_TMP_MB = 1024
 
 
 def check_name(kind: str, name: Any) -> str:
@@ -59,6 +60,8 @@ class PoolSpec:
     memory_mb: int | None = None
     cpu_seconds: int | None = None
     max_processes: int | None = None
+    cpus: float | None = None  # CPU quota in cores (a cgroup limit)
+    tmp_mb: int | None = None  # size of the private /tmp (default: see tmp_bytes)
     keep_workspace: bool = False
     env: dict[str, str] = field(default_factory=dict)
 
@@ -76,7 +79,13 @@ class PoolSpec:
             or not 0 <= spec.replicas <= 64
         ):
             raise InvalidRequest("replicas must be an integer from 0 to 64")
-        for attr in ("memory_mb", "cpu_seconds", "max_processes"):
+        if spec.cpus is not None and (
+            isinstance(spec.cpus, bool)
+            or not isinstance(spec.cpus, int | float)
+            or not 0.01 <= spec.cpus <= 1024
+        ):
+            raise InvalidRequest("cpus must be a number of cores from 0.01 to 1024")
+        for attr in ("memory_mb", "cpu_seconds", "max_processes", "tmp_mb"):
             value = getattr(spec, attr)
             if value is not None and (not isinstance(value, int) or value <= 0):
                 raise InvalidRequest(f"{attr} must be a positive integer")
@@ -93,6 +102,11 @@ class PoolSpec:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+    def tmp_bytes(self) -> int:
+        """The private /tmp's size: ``tmp_mb``, else the memory limit, at most 1 GiB."""
+        mb = self.tmp_mb or min(self.memory_mb or DEFAULT_TMP_MB, DEFAULT_TMP_MB)
+        return mb * 1024 * 1024
 
 
 @dataclass

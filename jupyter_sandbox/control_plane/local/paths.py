@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
@@ -41,4 +42,20 @@ def listen_socket(base: Path, sandbox: str) -> Path:
     the runtime the listening descriptor (as systemd socket activation does): a
     sandbox cannot swap the path for a link to another socket.
     """
-    return base / "sockets" / f"{sandbox}.sock"
+    # Named by a digest: a fixed, short length keeps deep state directories usable.
+    return base / "sockets" / hashlib.sha256(sandbox.encode()).hexdigest()[:16]
+
+
+# sun_path holds 108 bytes with the terminating NUL.
+MAX_SOCKET_PATH = 107
+
+
+def check_socket_room(base: Path) -> None:
+    """Refuse a state directory too deep for the sandboxes' Unix sockets, saying why."""
+    longest = listen_socket(base, "any")
+    if len(os.fsencode(longest)) > MAX_SOCKET_PATH:
+        raise ValueError(
+            f"the sandbox state directory {base} is too long for Unix socket paths "
+            f"({len(os.fsencode(longest))} > {MAX_SOCKET_PATH} bytes); "
+            f"set {ENV_HOME} to a shorter directory"
+        )

@@ -8,14 +8,16 @@ import logging
 import os
 import resource
 import signal
-import socket
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from socket import socket as Socket
 from typing import Any
 
 from tornado.netutil import bind_unix_socket
 
+from . import seccomp_filter
+from .cgroups import SandboxCgroup
 from .isolation import RUNTIME_DIR, WORKSPACE, Confinement, Isolation, bwrap_command, package_parent
 from .paths import private_dir
 
@@ -64,6 +66,8 @@ class LaunchSpec:
     network: bool = True
     env: dict[str, str] = field(default_factory=dict)
     limits: Limits = field(default_factory=Limits)
+    tmp_bytes: int | None = None
+    cgroup: SandboxCgroup | None = None
 
 
 def sandbox_env(spec: LaunchSpec, isolation: Isolation) -> dict[str, str]:
@@ -104,7 +108,7 @@ class SandboxProcess:
     def pid(self) -> int | None:
         return self.proc.pid if self.proc else None
 
-    def _bind_listener(self) -> socket.socket:
+    def _bind_listener(self) -> Socket:
         """Bind the runtime's socket here, where the sandbox cannot reach the path."""
         path = self.spec.listen_socket
         private_dir(path.parent)
@@ -119,8 +123,11 @@ class SandboxProcess:
         env = sandbox_env(spec, self.isolation)
         listener = self._bind_listener()
         read_fd, write_fd = os.pipe()
+        seccomp_fd = self._seccomp_fd()
+        owned = [write_fd] + ([seccomp_fd] if seccomp_fd is not None else [])
+        passed = [*owned, listener.fileno()]
         try:
-            argv, child_env = self._command(env, listener.fileno(), write_fd)
+            argv, child_env = self._command(env, listener.fileno(), write_fd, seccomp_fd)
             log_handle = open(spec.log_file, "ab")
             try:
                 self.proc = await asyncio.create_subprocess_exec(
@@ -130,19 +137,31 @@ class SandboxProcess:
                     stderr=log_handle,
                     env=child_env,
                     cwd=str(spec.workspace),
-                    pass_fds=(write_fd, listener.fileno()),
-                    preexec_fn=spec.limits.apply,
+                    pass_fds=passed,
+                    preexec_fn=self._in_child,
                     start_new_session=True,
                 )
             finally:
                 log_handle.close()
         finally:
-            os.close(write_fd)
-            listener.close()  # the runtime holds its own copy
+            for fd in owned:  # the child holds its own copies
+                os.close(fd)
+            listener.close()
         self._ready_reader = asyncio.create_task(self._read_ready(read_fd))
 
+    def _seccomp_fd(self) -> int | None:
+        if not self.isolation.isolated or not seccomp_filter.probe().available:
+            return None
+        return seccomp_filter.program_fd()
+
+    def _in_child(self) -> None:
+        """Between fork and exec: limits that everything in the sandbox inherits."""
+        self.spec.limits.apply()
+        if self.spec.cgroup is not None:
+            self.spec.cgroup.enter()
+
     def _command(
-        self, env: dict[str, str], listen_fd: int, ready_fd: int
+        self, env: dict[str, str], listen_fd: int, ready_fd: int, seccomp_fd: int | None
     ) -> tuple[list[str], dict[str, str]]:
         spec = self.spec
         isolated = self.isolation.isolated
@@ -173,6 +192,8 @@ class SandboxProcess:
             env=env,
             confinement=Confinement(
                 state_dir=str(spec.state_dir) if spec.state_dir else None,
+                tmp_bytes=spec.tmp_bytes,
+                seccomp_fd=seccomp_fd,
             ),
         )
         return argv, {"PATH": env["PATH"]}
@@ -198,6 +219,8 @@ class SandboxProcess:
         assert self.proc is not None
         code = await self.proc.wait()
         self.exit_code = code
+        if self.spec.cgroup is not None:  # whatever is left in it goes too
+            await asyncio.to_thread(self.spec.cgroup.remove)
         return code
 
     async def stop(self, grace: float = 3.0) -> None:

@@ -1,0 +1,48 @@
+"""An attacker's session, run as its own process: ``python -m tests.security.attacker``.
+
+It starts (through the SDK, as any user would) a local daemon for the ``HOME``
+and working directory it is given, claims a sandbox, runs the probe code given
+on standard input *inside* the sandbox and prints one JSON line: what the probe
+printed, plus the claim's endpoint so the caller can drive the router with the
+sandbox's own token. The daemon is stopped before it exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+
+from jupyter_sandbox.client import SandboxClient
+from jupyter_sandbox.control_plane.local.client import LocalControlPlane
+from jupyter_sandbox.control_plane.local.paths import state_dir
+
+
+def main() -> int:
+    probe = sys.stdin.read()
+    result: dict[str, object] = {"state_dir": str(state_dir())}
+    try:
+        with SandboxClient() as client:
+            with client.create_sandbox(warmpool="default", sandbox_ready_timeout=120) as sb:
+                run = sb.commands.run(f"python3 -c {_quote(probe)}", timeout=60)
+                result.update(stdout=run.stdout, stderr=run.stderr, exit_code=run.exit_code)
+    finally:
+        asyncio.run(_stop())
+    print(json.dumps(result))
+    return 0
+
+
+def _quote(code: str) -> str:
+    return "'" + code.replace("'", "'\"'\"'") + "'"
+
+
+async def _stop() -> None:
+    plane = LocalControlPlane(autostart=False)
+    try:
+        await plane.stop_daemon()
+    finally:
+        await plane.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
