@@ -35,6 +35,7 @@ from .model import (
     check_name,
     random_suffix,
 )
+from .network import NetworkSetupError
 from .paths import listen_socket, private_dir, runtime_dir
 from .process import LaunchSpec, Limits, SandboxProcess
 
@@ -443,8 +444,10 @@ class LocalController:
         sandbox.ready = False
         try:
             await proc.start()
-        except OSError as exc:
+        except (OSError, NetworkSetupError) as exc:
             log.error("could not start sandbox %s: %s", sandbox.name, exc)
+            if spec.cgroup is not None:
+                await asyncio.to_thread(spec.cgroup.remove)
             self.processes.pop(sandbox.name, None)
             self._record_failure(sandbox.name)
             return

@@ -30,6 +30,7 @@ from .cgroups import CgroupLimits
 from .controller import LocalController
 from .isolation import Isolation, UnsafeMount, probe, python_paths
 from .model import NAMESPACE, PoolSpec
+from .network import user_network_available
 from .paths import check_socket_room, private_dir, socket_path, state_dir
 
 log = logging.getLogger("jupyter_sandbox.daemon")
@@ -144,7 +145,14 @@ def describe_confinement(isolation: Isolation, cgroups: CgroupLimits) -> tuple[I
         return isolation, limits
     seccomp = seccomp_filter.probe()
     extra = seccomp.detail if seccomp.available else f"NO seccomp filter: {seccomp.detail}"
-    return Isolation(isolation.kind, f"{isolation.detail}; {extra}; {limits}"), limits
+    unavailable = user_network_available()
+    network = (
+        "network: own namespace each, slirp4netns without host loopback or private ranges"
+        if unavailable is None
+        else f"network: own namespace each, loopback only (user-mode networking: {unavailable})"
+    )
+    detail = f"{isolation.detail}; {extra}; {network}; {limits}"
+    return Isolation(isolation.kind, detail), limits
 
 
 class RouterProcess:

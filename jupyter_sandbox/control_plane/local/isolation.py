@@ -86,8 +86,8 @@ def probe(disabled: bool = False) -> Isolation:
         return Isolation("none", f"bubblewrap cannot create namespaces here: {reason}")
     return Isolation(
         "bubblewrap",
-        "bubblewrap: user, pid, ipc, uts namespaces, private /tmp, "
-        "read-only system, workspace-only home",
+        "bubblewrap: user, pid, ipc, uts, net namespaces, no nested user namespaces, "
+        "sized private /tmp, read-only system, workspace-only home",
     )
 
 
@@ -194,8 +194,9 @@ class Confinement:
     state_dir: str | None = None  # never exposed; refuse installs that overlap it
     tmp_bytes: int | None = None  # size of the private /tmp (also charged to a memory cgroup)
     seccomp_fd: int | None = None  # a compiled seccomp program for ``--seccomp``
-    info_fd: int | None = None  # bwrap writes {"child-pid": N} here
-    block_fd: int | None = None  # the sandbox waits for a byte here (its network is set up)
+    # network.NetnsHandshake's arguments: bwrap reports the sandbox's pid and waits
+    # until the daemon has attached user-mode networking to its namespace.
+    netns_args: tuple[str, ...] = ()
     resolv_conf: str | None = None  # replaces /etc/resolv.conf (a resolver reachable inside)
 
 
@@ -261,13 +262,9 @@ def bwrap_command(
         WORKSPACE,
         "--clearenv",
     ]
-    for flag, fd in (
-        ("--seccomp", c.seccomp_fd),
-        ("--info-fd", c.info_fd),
-        ("--block-fd", c.block_fd),
-    ):
-        if fd is not None:
-            args += [flag, str(fd)]
+    if c.seccomp_fd is not None:
+        args += ["--seccomp", str(c.seccomp_fd)]
+    args += [arg for arg in c.netns_args if arg != "--unshare-net"]
     for key, value in sorted(env.items()):
         args += ["--setenv", key, value]
     return [*args, "--", *inner]

@@ -19,6 +19,7 @@ from tornado.netutil import bind_unix_socket
 from . import seccomp_filter
 from .cgroups import SandboxCgroup
 from .isolation import RUNTIME_DIR, WORKSPACE, Confinement, Isolation, bwrap_command, package_parent
+from .network import NetnsHandshake, UserNetwork, user_network_available, write_sandbox_resolv_conf
 from .paths import private_dir
 
 log = logging.getLogger(__name__)
@@ -99,6 +100,7 @@ class SandboxProcess:
         self.exit_code: int | None = None
         self.supervisor: asyncio.Task[None] | None = None
         self._ready_reader: asyncio.Task[None] | None = None
+        self.network: UserNetwork | None = None
 
     @property
     def socket(self) -> Path:
@@ -117,17 +119,24 @@ class SandboxProcess:
         return bind_unix_socket(str(path), mode=0o600)
 
     async def start(self) -> None:
+        """Start the sandbox; with network, attach user-mode networking before it runs.
+
+        Raises OSError (or NetworkSetupError) with nothing left running.
+        """
         spec = self.spec
         private_dir(spec.workspace)
         private_dir(spec.runtime_dir)
         env = sandbox_env(spec, self.isolation)
+        shake = NetnsHandshake() if self._wants_user_network() else None
         listener = self._bind_listener()
         read_fd, write_fd = os.pipe()
         seccomp_fd = self._seccomp_fd()
         owned = [write_fd] + ([seccomp_fd] if seccomp_fd is not None else [])
-        passed = [*owned, listener.fileno()]
+        passed = [*owned, listener.fileno(), *(shake.child_fds if shake else ())]
         try:
-            argv, child_env = self._command(env, listener.fileno(), write_fd, seccomp_fd)
+            argv, child_env = self._command(
+                env, listener.fileno(), write_fd, seccomp_fd, shake.bwrap_args() if shake else []
+            )
             log_handle = open(spec.log_file, "ab")
             try:
                 self.proc = await asyncio.create_subprocess_exec(
@@ -143,11 +152,42 @@ class SandboxProcess:
                 )
             finally:
                 log_handle.close()
+        except BaseException:
+            os.close(read_fd)
+            if shake is not None:
+                shake.close()
+            raise
         finally:
             for fd in owned:  # the child holds its own copies
                 os.close(fd)
             listener.close()
+        if shake is not None:
+            await self._attach_network(shake)
         self._ready_reader = asyncio.create_task(self._read_ready(read_fd))
+
+    def _wants_user_network(self) -> bool:
+        return self.spec.network and self.isolation.isolated and user_network_available() is None
+
+    async def _attach_network(self, shake: NetnsHandshake) -> None:
+        """Give the waiting sandbox its network, or kill it before it runs anything."""
+        shake.spawned()
+        self.network = UserNetwork(log_path=self.spec.log_file)
+        try:
+            await self.network.attach(await shake.child_pid())
+            shake.release()
+        except BaseException:
+            shake.abort()
+            await self.stop(grace=0)
+            await self.network.close()
+            raise
+        finally:
+            shake.close()
+
+    def _resolv_conf(self) -> str | None:
+        """A resolver the sandbox can reach: slirp's, which forwards to the host's."""
+        if self.spec.state_dir is None:
+            return None
+        return str(write_sandbox_resolv_conf(private_dir(self.spec.state_dir / "net")))
 
     def _seccomp_fd(self) -> int | None:
         if not self.isolation.isolated or not seccomp_filter.probe().available:
@@ -161,7 +201,12 @@ class SandboxProcess:
             self.spec.cgroup.enter()
 
     def _command(
-        self, env: dict[str, str], listen_fd: int, ready_fd: int, seccomp_fd: int | None
+        self,
+        env: dict[str, str],
+        listen_fd: int,
+        ready_fd: int,
+        seccomp_fd: int | None,
+        netns_args: list[str],
     ) -> tuple[list[str], dict[str, str]]:
         spec = self.spec
         isolated = self.isolation.isolated
@@ -194,6 +239,8 @@ class SandboxProcess:
                 state_dir=str(spec.state_dir) if spec.state_dir else None,
                 tmp_bytes=spec.tmp_bytes,
                 seccomp_fd=seccomp_fd,
+                netns_args=tuple(netns_args),
+                resolv_conf=self._resolv_conf() if netns_args else None,
             ),
         )
         return argv, {"PATH": env["PATH"]}
@@ -219,6 +266,8 @@ class SandboxProcess:
         assert self.proc is not None
         code = await self.proc.wait()
         self.exit_code = code
+        if self.network is not None:
+            await self.network.close()
         if self.spec.cgroup is not None:  # whatever is left in it goes too
             await asyncio.to_thread(self.spec.cgroup.remove)
         return code
