@@ -110,13 +110,7 @@ def jupyter_server(
                 time.sleep(0.1)
         yield server
     finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_process(proc, 30)
 
 
 @dataclass
@@ -248,3 +242,28 @@ async def wait_for(predicate: Any, timeout: float, interval: float = 0.2) -> Any
         if time.monotonic() > deadline:
             raise TimeoutError("condition not met in time")
         await asyncio.sleep(interval)
+
+
+def wait_listening(proc: subprocess.Popen[bytes], port: int, log_path: Path, what: str) -> None:
+    """Wait (60 s at most) until ``proc`` accepts connections on loopback ``port``."""
+    deadline = time.monotonic() + 60
+    while True:
+        assert proc.poll() is None, log_path.read_text()
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            assert time.monotonic() < deadline, f"{what} did not listen"
+            time.sleep(0.1)
+
+
+def stop_process(proc: subprocess.Popen[bytes], grace: float = 10) -> None:
+    """SIGTERM, then SIGKILL after ``grace`` seconds."""
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()

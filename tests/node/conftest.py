@@ -9,7 +9,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 import uuid
@@ -18,6 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.helpers import wait_listening
 from tests.operator.conftest import Kube, OperatorProc, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -169,15 +169,7 @@ def router_factory(kube_node_cluster, kube, tmp_path):
                 start_new_session=True,
             )
         procs.append(proc)
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, log_path.read_text()
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "router did not listen"
-                time.sleep(0.1)
+        wait_listening(proc, port, log_path, "the router")
         return f"http://127.0.0.1:{port}", secret_file
 
     yield start

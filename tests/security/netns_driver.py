@@ -23,6 +23,7 @@ import os
 import sys
 import tempfile
 
+from jupyter_sandbox.control_plane.local.isolation import SYSTEM_DIRS, ro_binds
 from jupyter_sandbox.control_plane.local.network import (
     IPNetwork,
     NetnsHandshake,
@@ -31,7 +32,6 @@ from jupyter_sandbox.control_plane.local.network import (
     write_sandbox_resolv_conf,
 )
 
-SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 MODES = (
     "user-network",
@@ -97,12 +97,7 @@ NETWORKS: dict[str, type[UserNetwork]] = {
 
 
 def system_binds() -> list[str]:
-    args: list[str] = []
-    for path in SYSTEM_DIRS:
-        if os.path.islink(path):
-            args += ["--symlink", os.readlink(path), path]
-        elif os.path.exists(path):
-            args += ["--ro-bind", path, path]
+    args = ro_binds(SYSTEM_DIRS)
     for raw in {sys.prefix, sys.base_prefix, os.path.dirname(sys.executable)}:
         path = os.path.realpath(raw)
         if not path.startswith(SYSTEM_DIRS):

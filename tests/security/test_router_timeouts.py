@@ -34,7 +34,7 @@ from jupyter_sandbox.router.settings import (
     RouterContext,
 )
 from jupyter_sandbox.router.upstreams import Upstream
-from tests.helpers import free_port
+from tests.helpers import free_port, stop_process, wait_listening
 from tests.security.test_router_ssrf import read_response
 
 TIMEOUT = 1.0  # the routers' header/idle timeout in these tests
@@ -58,23 +58,10 @@ def router_process(
             env={**os.environ, **(env or {})},
         )
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, log_path.read_text()
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "the router did not listen"
-                time.sleep(0.1)
+        wait_listening(proc, port, log_path, "the router")
         yield port, proc
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
 
 
 @pytest.fixture

@@ -68,7 +68,7 @@ def probe(disabled: bool = False) -> Isolation:
                 "--unshare-all",
                 "--unshare-user",
                 "--die-with-parent",
-                *_ro_binds(SYSTEM_DIRS),
+                *ro_binds(SYSTEM_DIRS),
                 "--proc",
                 "/proc",
                 "--dev",
@@ -91,7 +91,7 @@ def probe(disabled: bool = False) -> Isolation:
     )
 
 
-def _ro_binds(paths: tuple[str, ...] | list[str]) -> list[str]:
+def ro_binds(paths: tuple[str, ...] | list[str]) -> list[str]:
     args: list[str] = []
     for path in paths:
         if os.path.islink(path):
@@ -237,7 +237,7 @@ def bwrap_command(
         "--cap-drop",
         "ALL",
     ]
-    args += _ro_binds(SYSTEM_DIRS)
+    args += ro_binds(SYSTEM_DIRS)
     for path in ETC_FILES:
         if path == "/etc/resolv.conf" and c.resolv_conf:
             args += ["--ro-bind", c.resolv_conf, path]
