@@ -1,0 +1,116 @@
+"""A pool's limits, attacked from inside one of its sandboxes through the real daemon.
+
+As root the daemon enforces them with cgroups; as an ordinary user without a
+delegated cgroup, with rlimits and a sized /tmp. Either way they must hold, and
+the sandbox must say which.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from jupyter_sandbox.client import Sandbox, SandboxClient
+from jupyter_sandbox.control_plane.local.client import LocalControlPlane
+from jupyter_sandbox.control_plane.local.isolation import probe
+
+pytestmark = pytest.mark.skipif(not probe().isolated, reason=f"no isolation here: {probe().detail}")
+
+POOL = "limited"
+MAX_PROCESSES = 50
+TMP_MB = 128
+
+FORK_BOMB = """
+import subprocess, time
+children = []
+for _ in range(300):
+    try:
+        children.append(subprocess.Popen(["sleep", "30"]))
+    except OSError:
+        pass
+print("started", len(children))
+for child in children:
+    child.kill()
+"""
+
+FILL_TMP = """
+import os
+written = 0
+block = b"x" * (1 << 20)
+try:
+    with open("/tmp/fill", "wb") as handle:
+        for _ in range(1536):
+            handle.write(block)
+            written += 1
+except OSError as exc:
+    print("stopped", exc.errno)
+print("written_mb", written)
+"""
+
+
+async def _apply(spec: dict[str, object] | None) -> None:
+    plane = LocalControlPlane()
+    try:
+        if spec is None:
+            await plane.delete_pool(POOL)
+        else:
+            await plane.apply_pool(POOL, spec)
+    finally:
+        await plane.close()
+
+
+@pytest.fixture(scope="module")
+def limited(warm_daemon_module: Path) -> Iterator[Sandbox]:
+    asyncio.run(
+        _apply({"replicas": 0, "max_processes": MAX_PROCESSES, "memory_mb": 768, "tmp_mb": TMP_MB})
+    )
+    try:
+        with SandboxClient() as client:
+            with client.create_sandbox(warmpool=POOL, sandbox_ready_timeout=120) as sb:
+                yield sb
+    finally:
+        asyncio.run(_apply(None))
+
+
+@pytest.fixture(scope="module")
+def warm_daemon_module(sandbox_home: Path) -> Path:
+    asyncio.run(_apply({"replicas": 0}))  # starts the daemon if needed
+    return sandbox_home
+
+
+def run(sb: Sandbox, code: str) -> str:
+    sb.files.write("attack.py", code)
+    result = sb.commands.run("python3 attack.py", timeout=120)
+    return result.stdout + result.stderr
+
+
+def test_a_fork_bomb_stops_at_the_process_limit(limited: Sandbox) -> None:
+    out = run(limited, FORK_BOMB)
+    started = int(out.split("started")[1].split()[0])
+    # The runtime, its kernel and the attacker count too.
+    assert started < MAX_PROCESSES, out
+
+
+def test_the_private_tmp_cannot_outgrow_its_size(limited: Sandbox) -> None:
+    out = run(limited, FILL_TMP)
+    written = int(out.split("written_mb")[1].split()[0])
+    assert written <= TMP_MB, out
+    assert "stopped 28" in out, out  # ENOSPC
+
+
+def test_the_sandbox_says_how_limits_are_enforced(limited: Sandbox) -> None:
+    async def detail() -> str:
+        plane = LocalControlPlane()
+        try:
+            assert limited.claim_name is not None
+            status = await plane.status(limited.claim_name)
+            assert status is not None
+            return status.isolation_detail
+        finally:
+            await plane.close()
+
+    text = asyncio.run(detail())
+    assert "limits: cgroup" in text or "rlimits only" in text, text
