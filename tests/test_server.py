@@ -149,7 +149,7 @@ async def test_cull_suspends_and_next_execute_resumes(tmp_path: Path) -> None:
             result = await ws.execute(
                 "print(open('kept.txt').read(), 'y' in globals())", timeout=120
             )
-            assert result.stdout.strip() == "still here False"
+            assert result.stdout.strip() == "still here True", "files and variables are kept"
             restarting = [
                 m
                 for m in ws.seen

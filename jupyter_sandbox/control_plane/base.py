@@ -87,6 +87,10 @@ def error_from_json(body: dict[str, Any]) -> ClaimError:
     return cls(str(body.get("message", "claim failed")), hint=str(body.get("hint", "")))
 
 
+# A claim labelled with this set to "false" is suspended without saving its kernel's variables.
+LABEL_SAVE_STATE = "jupyter-sandbox/save-state"
+
+
 @dataclass
 class Endpoint:
     """How to reach a sandbox's runtime through the router."""

@@ -15,7 +15,10 @@ from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_sockets, bind_unix_socket
 
 from .app import DEFAULT_MAX_BODY, make_app
+from .kernel_state import has_state
 from .state import RuntimeState
+
+RESTORE_TIMEOUT = 300.0
 
 log = logging.getLogger("jupyter_sandbox.runtime")
 
@@ -80,6 +83,8 @@ async def serve(args: argparse.Namespace) -> None:
 
     if not args.no_kernel:
         await state.kernel.start()
+        if has_state(state.state_dir):  # a resume: the variables saved at suspend
+            await state.kernel.restore_state(state.state_dir, RESTORE_TIMEOUT)
     if args.ready_fd is not None:
         with os.fdopen(args.ready_fd, "w") as ready:
             ready.write(json.dumps({"ready": True, "kernel": state.kernel.state.to_json()}) + "\n")

@@ -16,12 +16,16 @@ from tornado.iostream import StreamClosedError
 
 from ..protocol import framing
 from . import commands
-from .kernel_host import KernelNotRunning
+from .kernel_host import KernelNotRunning, KernelStateError
+from .kernel_state import discard as discard_state
 from .paths import PathInvalid, PathRefused, confine
 from .state import RuntimeState
 from .upload import StreamingUpload
 
 log = logging.getLogger(__name__)
+
+DEFAULT_STATE_BYTES = 1 << 30
+DEFAULT_STATE_TIMEOUT = 60.0
 
 # Frames at least this big skip tornado's write_message (which copies them twice).
 DIRECT_WRITE_BYTES = 64 * 1024
@@ -74,6 +78,35 @@ class ReadyHandler(BaseHandler):
 class KernelHandler(BaseHandler):
     def get(self) -> None:
         self.finish(self.runtime.describe())
+
+
+class KernelStateHandler(BaseHandler):
+    """``POST /api/kernel/state``: save the kernel's variables before a suspend.
+
+    Body (all optional): ``max_bytes`` (the size cap), ``timeout`` (seconds). The
+    next runtime started on this workspace loads them into its new kernel.
+    """
+
+    async def post(self) -> None:
+        body = self.json_body()
+        max_bytes = body.get("max_bytes", DEFAULT_STATE_BYTES)
+        timeout = body.get("timeout", DEFAULT_STATE_TIMEOUT)
+        if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes <= 0:
+            raise web.HTTPError(400, "max_bytes must be a positive integer")
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout:
+            raise web.HTTPError(400, "timeout must be a positive number of seconds")
+        directory = self.runtime.state_dir
+        try:
+            result = await self.runtime.kernel.save_state(directory, max_bytes, float(timeout))
+        except KernelNotRunning as exc:
+            raise web.HTTPError(409, str(exc)) from None
+        except TimeoutError:
+            discard_state(directory)
+            raise web.HTTPError(504, f"saving took longer than {timeout:g}s") from None
+        except KernelStateError as exc:
+            discard_state(directory)
+            raise web.HTTPError(500, f"saving failed: {exc}") from None
+        self.finish(result)
 
 
 class KernelActionHandler(BaseHandler):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import json
 import logging
@@ -18,6 +19,7 @@ from jupyter_client.manager import AsyncKernelManager
 
 from ..protocol.messages import DELIM, parent_msg_id, sign, split_zmq
 from ..protocol.zmqsend import send_now
+from .kernel_state import discard as discard_state
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +42,8 @@ class KernelState:
     started_at: float | None = None
     execution_state: str = "starting"
     last_activity: float = field(default_factory=time.time)
+    # What this kernel got back of its predecessor's variables (a resume), or None.
+    restored: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -76,7 +80,7 @@ class KernelHost:
         self._sockets: dict[str, zmq.asyncio.Socket] = {}
         self._readers: list[asyncio.Task[None]] = []
         self._watcher: asyncio.Task[None] | None = None
-        self._probes: dict[str, asyncio.Future[None]] = {}
+        self._probes: dict[str, asyncio.Future[list[bytes | memoryview]]] = {}
         self._probe_status: dict[str, asyncio.Future[None]] = {}
         self._identity = uuid.uuid4().hex.encode()
         # Tells a reconnecting bridge whether this is still the runtime it knew.
@@ -236,7 +240,7 @@ class KernelHost:
             parent = parent_msg_id(parts)
             if parent is not None and parent in self._probes:
                 if channel == "shell":
-                    self._probes.pop(parent).set_result(None)
+                    self._probes.pop(parent).set_result(parts)
                     continue
                 if channel == "iopub":
                     waiter = self._probe_status.get(parent)
@@ -269,35 +273,100 @@ class KernelHost:
         """Send kernel_info until the kernel answers on shell and iopub."""
         deadline = time.monotonic() + timeout
         while True:
-            msg_id = uuid.uuid4().hex
-            loop = asyncio.get_running_loop()
-            reply: asyncio.Future[None] = loop.create_future()
-            status: asyncio.Future[None] = loop.create_future()
-            self._probes[msg_id] = reply
-            self._probe_status[msg_id] = status
-            header = {
-                "msg_id": msg_id,
-                "msg_type": "kernel_info_request",
-                "username": "sandbox-runtime",
-                "session": self._identity.decode(),
-                "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                "version": "5.3",
-            }
-            parts = [json.dumps(header).encode(), b"{}", b"{}", b"{}"]
-            self.send("shell", parts)
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise TimeoutError
             try:
-                await asyncio.wait_for(asyncio.gather(reply, status), timeout=min(1.0, remaining))
+                await self._internal_request(
+                    "kernel_info_request", {}, timeout=min(1.0, remaining), keep=False
+                )
                 return
             except TimeoutError:
                 if not self.state.alive:
                     raise KernelNotRunning("kernel died while starting") from None
                 if time.monotonic() >= deadline:
                     raise
-            finally:
+
+    async def _internal_request(
+        self, msg_type: str, content: dict[str, Any], *, timeout: float, keep: bool = True
+    ) -> dict[str, Any]:
+        """A request of the runtime's own, answered on shell; none of it reaches clients.
+
+        Waits for the reply and the kernel's idle status. ``keep`` leaves the
+        message marked as internal after a timeout, so its late output stays hidden.
+        """
+        msg_id = uuid.uuid4().hex
+        loop = asyncio.get_running_loop()
+        reply: asyncio.Future[list[bytes | memoryview]] = loop.create_future()
+        status: asyncio.Future[None] = loop.create_future()
+        self._probes[msg_id] = reply
+        self._probe_status[msg_id] = status
+        header = {
+            "msg_id": msg_id,
+            "msg_type": msg_type,
+            "username": "sandbox-runtime",
+            "session": self._identity.decode(),
+            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "version": "5.3",
+        }
+        self.send(
+            "shell", [json.dumps(header).encode(), b"{}", b"{}", json.dumps(content).encode()]
+        )
+        try:
+            parts, _ = await asyncio.wait_for(asyncio.gather(reply, status), timeout=timeout)
+        except TimeoutError:
+            if not keep:
                 self._probes.pop(msg_id, None)
+            raise
+        result = json.loads(bytes(parts[3]))
+        return result if isinstance(result, dict) else {}
+
+    async def evaluate(self, expression: str, timeout: float) -> Any:
+        """Evaluate ``expression`` (returning a JSON string) silently in the kernel."""
+        content = {
+            "code": "",
+            "silent": True,
+            "store_history": False,
+            "user_expressions": {"result": expression},
+            "allow_stdin": False,
+            "stop_on_error": False,
+        }
+        reply = await self._internal_request("execute_request", content, timeout=timeout)
+        value = (reply.get("user_expressions") or {}).get("result") or {}
+        if value.get("status") != "ok":
+            raise KernelStateError(f"{value.get('ename', 'error')}: {value.get('evalue', '')}")
+        text = value.get("data", {}).get("text/plain", "")
+        return json.loads(ast.literal_eval(text))
+
+    # -- variables across a suspend ------------------------------------------
+
+    async def save_state(self, directory: str, max_bytes: int, timeout: float) -> dict[str, Any]:
+        """Have the kernel write its user namespace to ``directory`` (see kernel_state)."""
+        if not self.state.ready:
+            raise KernelNotRunning("kernel is not running")
+        expression = (
+            f"__import__({STATE_MODULE!r}, fromlist=['_']).save_json({directory!r}, {max_bytes:d})"
+        )
+        result: dict[str, Any] = await self.evaluate(expression, timeout)
+        return result
+
+    async def restore_state(self, directory: str, timeout: float) -> None:
+        """Load a saved namespace into this (new) kernel and say what came back."""
+        expression = f"__import__({STATE_MODULE!r}, fromlist=['_']).restore_json({directory!r})"
+        try:
+            restored = await self.evaluate(expression, timeout)
+        except (TimeoutError, KernelStateError, ValueError) as exc:
+            restored = {"restored": [], "skipped": {}, "error": f"not restored: {exc}"}
+            discard_state(directory)
+        self.state.restored = restored
+        self._publish_state()
+
+
+STATE_MODULE = "jupyter_sandbox.runtime.kernel_state"
+
+
+class KernelStateError(RuntimeError):
+    """Saving or loading the kernel's variables failed inside the kernel."""
 
 
 class KernelNotRunning(RuntimeError):

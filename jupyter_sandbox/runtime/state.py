@@ -10,12 +10,16 @@ from typing import Any
 from .hub import ChannelHub
 from .kernel_host import KernelHost, KernelState
 
+STATE_DIR = ".sandbox-state"
+
 
 class RuntimeState:
     def __init__(
         self, *, workspace: str, runtime_dir: str, kernel_name: str, env: dict[str, str]
     ) -> None:
         self.workspace = workspace
+        # Saved kernel variables wait here, in the workspace, for the next runtime.
+        self.state_dir = os.path.join(workspace, STATE_DIR)
         self.started_at = time.time()
         self.hub = ChannelHub()
         self.command_env = dict(env)

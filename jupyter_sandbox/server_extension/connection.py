@@ -28,15 +28,27 @@ from jupyter_server.services.kernels.connection.channels import ZMQChannelsWebso
 from ..kernel_provisioner.provisioner import SandboxProvisioner
 
 V1 = "v1.kernel.websocket.jupyter.org"
-RESUMED_NOTICE = (
-    "[sandbox] Resumed after suspension: this is a new kernel process in the same "
-    "workspace; files are kept, variables from before are gone.\n"
-)
+
+
+def resumed_notice(kernel: dict[str, Any]) -> str:
+    """What a user is told, in the output of the cell that resumed the sandbox."""
+    restored = kernel.get("restored")
+    if isinstance(restored, dict) and restored.get("summary"):
+        kept = f"files are kept; {restored['summary']}"
+    elif isinstance(restored, dict) and restored.get("error"):
+        kept = f"files are kept; variables {restored['error']}"
+    else:
+        kept = "files are kept, variables from before are gone"
+    return (
+        "[sandbox] Resumed after suspension: this is a new kernel process in the same "
+        f"workspace; {kept}.\n"
+    )
 
 
 class SandboxWebsocketConnection(ZMQChannelsWebsocketConnection):  # type: ignore[misc]
     _announce_restart = False
     _resume_request: dict[str, Any] | None = None
+    _notice_parent: dict[str, Any] | None = None
 
     @property
     def sandbox_provisioner(self) -> SandboxProvisioner | None:
@@ -79,11 +91,20 @@ class SandboxWebsocketConnection(ZMQChannelsWebsocketConnection):  # type: ignor
         super().handle_incoming_message(incoming_msg)
 
     def handle_outgoing_message(self, stream: str, outgoing_msg: list[Any]) -> None:
-        if self._is_relayed_restarting(stream, outgoing_msg):
-            request, self._resume_request = self._resume_request, None
-            if request is not None:
-                self._send_iopub("stream", {"name": "stderr", "text": RESUMED_NOTICE}, request)
+        state, parent = self._relayed_status(stream, outgoing_msg)
+        if state == "restarting":
+            # Swallowed; the words follow once the new kernel is there (and has
+            # said what it got back of the old one's variables).
+            self._notice_parent, self._resume_request = self._resume_request, None
             return
+        if state == "idle" and not parent and self._notice_parent is not None:
+            provisioner = self.sandbox_provisioner
+            session = provisioner.session if provisioner is not None else None
+            kernel = session.kernel if session is not None else {}
+            # stdout: this is news, not an error (stderr renders as a red box).
+            notice = {"name": "stdout", "text": resumed_notice(kernel)}
+            self._send_iopub("stream", notice, self._notice_parent)
+            self._notice_parent = None
         super().handle_outgoing_message(stream, outgoing_msg)
 
     def _peek_incoming(self, incoming_msg: Any) -> tuple[str | None, dict[str, Any]]:
@@ -99,19 +120,21 @@ class SandboxWebsocketConnection(ZMQChannelsWebsocketConnection):  # type: ignor
         except Exception:
             return None, {}
 
-    def _is_relayed_restarting(self, stream: Any, outgoing_msg: list[Any]) -> bool:
+    def _relayed_status(self, stream: Any, outgoing_msg: list[Any]) -> tuple[str | None, str]:
+        """An iopub status message's execution state and parent msg_id (else None, "")."""
         channel = stream if isinstance(stream, str) else getattr(stream, "channel", None)
         if channel != "iopub":
-            return False
+            return None, ""
         try:
             _, fed = self.session.feed_identities(outgoing_msg)
             header = self.session.unpack(fed[1])
             if header.get("msg_type") != "status":
-                return False
+                return None, ""
+            parent = self.session.unpack(fed[2])
             content = self.session.unpack(fed[4])
         except Exception:
-            return False
-        return bool(content.get("execution_state") == "restarting")
+            return None, ""
+        return content.get("execution_state"), str(parent.get("msg_id") or "")
 
     def _send_iopub(self, msg_type: str, content: dict[str, Any], parent: dict[str, Any]) -> None:
         msg = self.session.msg(msg_type, content, parent=parent)

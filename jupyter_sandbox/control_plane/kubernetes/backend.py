@@ -25,6 +25,10 @@ Selected in a kernelspec with ``"backend": "kubernetes"``; ``backend_options``
     an identity of this Jupyter server (e.g. the hub's server name); stored as
     the ``jupyter-sandbox/owner`` label so a restarted server can find exactly
     its claims (``list_claims({"jupyter-sandbox/owner": owner})``).
+``save_state`` / ``state_max_mb`` / ``state_timeout``
+    before a suspend, have the runtime save the kernel's variables on the
+    workspace volume (default on, 1024 MB, 60 s), so the next pod's kernel gets
+    them back; a failed save never blocks the suspend.
 
 Mapping to the interface:
 
@@ -33,6 +37,8 @@ Mapping to the interface:
 - ``wait_ready`` WATCHes the claim until its Ready condition is True, then reads
   its Sandbox (``status.sandbox.name``) and, if that is not Ready for its
   current generation yet (a resume in flight), watches the Sandbox too.
+- ``suspend`` first asks the runtime, through the router, to save the kernel's
+  variables (``POST /api/kernel/state``).
 - ``suspend``/``resume`` merge-patch the claimed Sandbox's
   ``spec.operatingMode`` (Suspended/Running) and return at once; phases
   Suspending/Suspended/Resuming are read from the Sandbox's conditions.
@@ -62,6 +68,8 @@ import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from ...kernel_provisioner.runtime_client import RuntimeError_ as RuntimeCallError
+from ...kernel_provisioner.runtime_client import call as runtime_call
 from ...router.tokens import Scope, TokenAuthority
 from ..base import (
     BackendUnavailable,
@@ -181,6 +189,9 @@ class KubernetesControlPlane(ControlPlane):
         max_threads: int | str = 64,
         token_ttl: float | str = 7 * 24 * 3600,
         router_auth: str | None = None,
+        save_state: bool | str = True,
+        state_max_mb: int | str = 1024,
+        state_timeout: float | str = 60.0,
     ) -> None:
         self._namespace_option = namespace or None
         self.router_url = (router_url or "").rstrip("/") or None
@@ -193,6 +204,11 @@ class KubernetesControlPlane(ControlPlane):
         self.port = int(port)
         self.request_timeout = float(request_timeout)
         self.token_ttl = float(token_ttl)
+        if isinstance(save_state, str):
+            save_state = save_state.lower() not in ("0", "false", "no")
+        self.save_state = save_state
+        self.state_max_bytes = int(state_max_mb) * 1024 * 1024
+        self.state_timeout = float(state_timeout)
         secret = token_secret
         if token_secret_file:
             try:
@@ -550,7 +566,31 @@ class KubernetesControlPlane(ControlPlane):
         return self._status(claim, sandbox)
 
     async def suspend(self, name: str) -> ClaimStatus:
+        if self.save_state:
+            await self._save_kernel_state(name)
         return await self._patch_sandbox(name, {"spec": {"operatingMode": "Suspended"}})
+
+    async def _save_kernel_state(self, name: str) -> None:
+        """Have the runtime save the kernel's variables on the workspace volume first.
+
+        The next pod's runtime finds them there and loads them into its new
+        kernel. Failing to save never blocks the suspend.
+        """
+        try:
+            status = await self.status(name)
+        except ClaimError:
+            return
+        if status is None or status.endpoint is None or status.phase != Phase.READY:
+            return
+        body = {"max_bytes": self.state_max_bytes, "timeout": self.state_timeout}
+        try:
+            result = await runtime_call(
+                status.endpoint, "POST", "api/kernel/state", body, timeout=self.state_timeout + 10
+            )
+        except RuntimeCallError as exc:
+            log.warning("claim %s: kernel state not saved: %s", name, exc)
+            return
+        log.info("claim %s: kernel state saved: %s", name, ", ".join(result.get("saved", [])))
 
     async def resume(self, name: str) -> ClaimStatus:
         return await self._patch_sandbox(

@@ -20,7 +20,15 @@ from typing import Any
 
 import psutil
 
-from ..base import ClaimNotFound, ClaimRequest, ClaimTimeout, InvalidRequest, Phase, PoolNotFound
+from ..base import (
+    LABEL_SAVE_STATE,
+    ClaimNotFound,
+    ClaimRequest,
+    ClaimTimeout,
+    InvalidRequest,
+    Phase,
+    PoolNotFound,
+)
 from .cgroups import CgroupError, CgroupLimits, SandboxCgroup
 from .isolation import Isolation
 from .liveness import PERIOD_SECONDS as LIVENESS_PERIOD
@@ -38,6 +46,7 @@ from .model import (
 from .network import NetworkSetupError
 from .paths import listen_socket, private_dir, runtime_dir
 from .process import LaunchSpec, Limits, SandboxProcess
+from .runtime_calls import RuntimeCalls
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +81,9 @@ class LocalController:
         self._failures: dict[str, list[float]] = {}
         self._deleting: set[asyncio.Task[None]] = set()
         self.listeners: set[Callable[[str, dict[str, Any]], None]] = set()
-        self.liveness = LivenessProbe()
+        self.runtime_calls = RuntimeCalls()
+        self.liveness = LivenessProbe(self.runtime_calls)
+        self._suspending: dict[str, asyncio.Task[None]] = {}
         self.cgroups = cgroups or CgroupLimits()
         self.limits = limits  # how resource limits are enforced, in words
         # Several daemons (users' state directories) may share one cgroup parent.
@@ -325,7 +336,15 @@ class LocalController:
             proc = self.processes.get(sandbox.name)
             if claim.suspended:
                 claim.phase = Phase.SUSPENDED if proc is None else Phase.SUSPENDING
-                claim.message = "workspace kept, compute released" if proc is None else ""
+                claim.message = (
+                    "; ".join(
+                        filter(None, ["workspace kept, compute released", sandbox.saved_state])
+                    )
+                    if proc is None
+                    else "saving the kernel's variables"
+                    if sandbox.name in self._suspending and not sandbox.saved_state
+                    else ""
+                )
             elif sandbox.ready:
                 if claim.phase != Phase.READY:
                     claim.ready_at = time.time()
@@ -392,9 +411,47 @@ class LocalController:
             if self._crash_looping(sandbox.name):
                 return
             await self._start(sandbox)
-        elif not sandbox.running and proc is not None:
-            sandbox.ready = False
-            await proc.stop()
+        elif not sandbox.running and proc is not None and sandbox.name not in self._suspending:
+            # Saving the kernel's variables may take a while: not in the loop's way.
+            task = asyncio.create_task(self._suspend(sandbox, proc))
+            self._suspending[sandbox.name] = task
+            task.add_done_callback(lambda _: self._suspending.pop(sandbox.name, None))
+
+    async def _suspend(self, sandbox: Sandbox, proc: SandboxProcess) -> None:
+        """Save the kernel's variables into the workspace (if wanted), then stop."""
+        sandbox.saved_state = ""
+        was_ready, sandbox.ready = sandbox.ready, False
+        pool = self.store.pools.get(sandbox.pool) or PoolSpec(name=sandbox.pool)
+        claim = self.store.claims.get(sandbox.owner.partition("/")[2])
+        if (
+            was_ready
+            and pool.save_state
+            and not (claim and claim.labels.get(LABEL_SAVE_STATE) == "false")
+        ):
+            sandbox.saved_state = await self._save_state(proc, pool)
+        else:
+            sandbox.saved_state = "kernel state not saved (turned off)"
+        self._touch("sandbox", sandbox.name)
+        await proc.stop()
+
+    async def _save_state(self, proc: SandboxProcess, pool: PoolSpec) -> str:
+        status, body = await self.runtime_calls.call(
+            proc.socket,
+            "POST",
+            "/api/kernel/state",
+            body={"max_bytes": pool.state_max_mb * 1024 * 1024, "timeout": pool.state_timeout},
+            timeout=pool.state_timeout + 5,
+        )
+        if status != 200 or not isinstance(body, dict):
+            reason = body.get("message") if isinstance(body, dict) else "no answer in time"
+            log.warning("sandbox %s: kernel state not saved: %s", proc.spec.name, reason)
+            return f"kernel state not saved: {reason}"
+        saved, skipped = body.get("saved") or [], body.get("skipped") or {}
+        text = f"kernel state saved: {len(saved)} variables, {body.get('bytes', 0)} bytes"
+        if skipped:
+            text += "; not saved: " + ", ".join(f"{k} ({v})" for k, v in sorted(skipped.items()))
+        log.info("sandbox %s: %s in %ss", proc.spec.name, text, body.get("seconds"))
+        return text
 
     # -- sandbox lifecycle -----------------------------------------------
 
@@ -450,6 +507,7 @@ class LocalController:
                 await asyncio.to_thread(spec.cgroup.remove)
             self.processes.pop(sandbox.name, None)
             self._record_failure(sandbox.name)
+            sandbox.restarts += 1
             return
         sandbox.pid = proc.pid
         self._dirty = True
@@ -579,6 +637,12 @@ class LocalController:
         self._orphan_since.pop(name, None)
         self._touch("claim", name)
         return claim
+
+
+def _suspension_message(sandbox: Sandbox, *, stopped: bool) -> str:
+    if stopped:
+        return "; ".join(filter(None, ["workspace kept, compute released", sandbox.saved_state]))
+    return sandbox.saved_state or "saving the kernel's variables"
 
 
 def check_labels_env(env: Any) -> dict[str, str]:

@@ -11,10 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tornado import httpclient
-from tornado.simple_httpclient import SimpleAsyncHTTPClient
-
-from ...router.upstreams import UnixSocketResolver, Upstream
+from .runtime_calls import RuntimeCalls
 
 PERIOD_SECONDS = 5.0
 TIMEOUT_SECONDS = 5.0
@@ -23,29 +20,14 @@ FAILURE_THRESHOLD = 3
 
 @dataclass
 class LivenessProbe:
-    """Consecutive failures per sandbox, and the HTTP client that probes them."""
+    """Consecutive failures per sandbox."""
 
+    calls: RuntimeCalls
     failures: dict[str, int] = field(default_factory=dict)
-    _resolver: UnixSocketResolver = field(default_factory=UnixSocketResolver)
-    _http: SimpleAsyncHTTPClient | None = None
 
     async def healthy(self, socket: Path) -> bool:
-        upstream = Upstream(unix_socket=str(socket))
-        self._resolver.register(upstream)
-        if self._http is None:
-            self._http = SimpleAsyncHTTPClient(
-                force_instance=True, resolver=self._resolver, max_clients=64
-            )
-        request = httpclient.HTTPRequest(
-            f"http://{upstream.authority()}/healthz",
-            connect_timeout=TIMEOUT_SECONDS,
-            request_timeout=TIMEOUT_SECONDS,
-        )
-        try:
-            response = await self._http.fetch(request, raise_error=False)
-        except (OSError, httpclient.HTTPClientError):  # refused, or timed out
-            return False
-        return response.code == 200
+        status, _ = await self.calls.call(socket, "GET", "/healthz", timeout=TIMEOUT_SECONDS)
+        return status == 200
 
     async def failed(self, name: str, socket: Path) -> bool:
         """Probe once; True when ``name`` has now failed FAILURE_THRESHOLD times in a row."""
@@ -57,10 +39,3 @@ class LivenessProbe:
             self.failures.pop(name, None)
             return True
         return False
-
-    def forget(self, name: str) -> None:
-        self.failures.pop(name, None)
-
-    def close(self) -> None:
-        if self._http is not None:
-            self._http.close()

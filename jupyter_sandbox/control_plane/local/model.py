@@ -63,6 +63,9 @@ class PoolSpec:
     cpus: float | None = None  # CPU quota in cores (a cgroup limit)
     tmp_mb: int | None = None  # size of the private /tmp (default: see tmp_bytes)
     keep_workspace: bool = False
+    save_state: bool = True  # keep the kernel's variables across a suspend
+    state_max_mb: int = 1024  # ... unless they take more than this
+    state_timeout: float = 60.0  # ... or longer than this to save
     env: dict[str, str] = field(default_factory=dict)
 
     @classmethod
@@ -85,7 +88,13 @@ class PoolSpec:
             or not 0.01 <= spec.cpus <= 1024
         ):
             raise InvalidRequest("cpus must be a number of cores from 0.01 to 1024")
-        for attr in ("memory_mb", "cpu_seconds", "max_processes", "tmp_mb"):
+        if (
+            isinstance(spec.state_timeout, bool)
+            or not isinstance(spec.state_timeout, int | float)
+            or not 0 < spec.state_timeout <= 3600
+        ):
+            raise InvalidRequest("state_timeout must be a number of seconds from 0 to 3600")
+        for attr in ("memory_mb", "cpu_seconds", "max_processes", "tmp_mb", "state_max_mb"):
             value = getattr(spec, attr)
             if value is not None and (not isinstance(value, int) or value <= 0):
                 raise InvalidRequest(f"{attr} must be a positive integer")
@@ -95,7 +104,7 @@ class PoolSpec:
             isinstance(k, str) and isinstance(v, str) for k, v in spec.env.items()
         ):
             raise InvalidRequest("env must be an object of strings")
-        for attr in ("network", "keep_workspace"):
+        for attr in ("network", "keep_workspace", "save_state"):
             if not isinstance(getattr(spec, attr), bool):
                 raise InvalidRequest(f"{attr} must be true or false")
         return spec
@@ -122,6 +131,7 @@ class Sandbox:
     env: dict[str, str] = field(default_factory=dict)
     created: float = field(default_factory=time.time)
     pid: int | None = None  # last known process, to reap it after a daemon crash
+    saved_state: str = ""  # what the last suspend kept of the kernel's variables
     # Observed, not persisted as truth:
     ready: bool = False
     restarts: int = 0

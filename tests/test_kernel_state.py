@@ -1,0 +1,187 @@
+"""A suspended notebook comes back with its variables (tier 1: saved with dill in the workspace).
+
+Driven through a real jupyter_server and its kernel WebSocket, as JupyterLab does:
+define variables, suspend (the REST API, or an idle cull), run a cell that uses them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from jupyter_sandbox.control_plane.local.client import LocalControlPlane
+from jupyter_sandbox.kernelspec import install_kernelspec
+
+from .conftest import ROOT
+from .helpers import KernelSocket, Server, jupyter_server, start_kernel, wait_for
+
+pytestmark = pytest.mark.usefixtures("warm_daemon")
+
+DEFINITIONS = """
+import json, socket, threading
+import collections as co
+from math import sqrt
+x = 42
+data = list(range(1000))
+shared = [1, 2]
+alias = shared
+def double(v):
+    return 2 * v
+class Point:
+    def __init__(self, a, b):
+        self.a, self.b = a, b
+    def norm(self):
+        return sqrt(self.a ** 2 + self.b ** 2)
+p = Point(3, 4)
+counts = co.Counter("hello")
+conn = socket.socket()
+worker = threading.Thread(target=lambda: None)
+"""
+
+USES = (
+    "print(x, sum(data), double(21), p.norm(), counts['l'], alias is shared, "
+    "json.dumps([1]), 'conn' in globals(), 'worker' in globals())"
+)
+
+
+async def suspend_via_api(server: Server, kernel_id: str) -> None:
+    await server.request("POST", f"/api/sandbox/kernels/{kernel_id}/suspend", expect=200)
+
+    async def released() -> bool:
+        plane = LocalControlPlane()
+        try:
+            claims = await plane.list_claims({"jupyter-sandbox/kernel-id": kernel_id})
+        finally:
+            await plane.close()
+        return claims[0].phase == "Suspended"
+
+    await wait_for(released, 60)
+
+
+async def test_variables_functions_classes_and_imports_survive_a_suspend(tmp_path: Path) -> None:
+    with jupyter_server(tmp_path) as server:
+        kernel_id = await start_kernel(server)
+        ws = await KernelSocket(server, kernel_id).connect()
+        try:
+            defined = await ws.execute(DEFINITIONS)
+            assert defined.status == "ok", defined.reply
+            count_before = defined.reply["execution_count"]
+        finally:
+            ws.close()
+        await suspend_via_api(server, kernel_id)
+
+        ws = await KernelSocket(server, kernel_id).connect()
+        try:
+            result = await ws.execute(USES, timeout=120)
+            assert result.status == "ok", result.reply
+            assert result.stdout.strip() == "42 499500 42 5.0 2 True [1] False False"
+            # The prompt numbers go on from where they were.
+            assert result.reply["execution_count"] == count_before + 1
+        finally:
+            ws.close()
+        await server.request("DELETE", f"/api/kernels/{kernel_id}", expect=204)
+
+
+async def test_a_cell_that_resumes_the_sandbox_says_what_came_back(tmp_path: Path) -> None:
+    with jupyter_server(tmp_path) as server:
+        kernel_id = await start_kernel(server)
+        ws = await KernelSocket(server, kernel_id).connect()
+        try:
+            await ws.execute(DEFINITIONS)
+            # Suspend under a live connection: the next cell resumes the sandbox.
+            await suspend_via_api(server, kernel_id)
+            result = await ws.execute("print(double(x))", timeout=120)
+        finally:
+            ws.close()
+        notice, answer = result.stdout.splitlines()[0], result.stdout.splitlines()[-1]
+        assert answer == "84"
+        assert "Resumed after suspension" in notice
+        assert "restored" in notice and "not restored: conn (socket), worker (thread)" in notice
+        errors = [o for o in result.outputs if o["content"].get("name") == "stderr"]
+        assert errors == [], "the notice is information, not an error"
+        await server.request("DELETE", f"/api/kernels/{kernel_id}", expect=204)
+
+
+async def test_an_idle_cull_keeps_the_variables(tmp_path: Path) -> None:
+    with jupyter_server(
+        tmp_path,
+        "--MappingKernelManager.cull_idle_timeout=3",
+        "--MappingKernelManager.cull_interval=1",
+    ) as server:
+        kernel_id = await start_kernel(server)
+        ws = await KernelSocket(server, kernel_id).connect()
+        await ws.execute("import numbers\ntotal = sum(range(10))")
+        ws.close()
+
+        async def suspended() -> bool:
+            model = await server.request("GET", f"/api/sandbox/kernels/{kernel_id}")
+            return bool(model["sandbox"]["suspended"])
+
+        await wait_for(suspended, 30)
+        ws = await KernelSocket(server, kernel_id).connect()
+        try:
+            result = await ws.execute("print(total, isinstance(total, numbers.Integral))")
+        finally:
+            ws.close()
+        assert result.stdout.strip() == "45 True"
+        await server.request("DELETE", f"/api/kernels/{kernel_id}", expect=204)
+
+
+async def test_a_restart_is_still_a_fresh_kernel(tmp_path: Path) -> None:
+    with jupyter_server(tmp_path) as server:
+        kernel_id = await start_kernel(server)
+        ws = await KernelSocket(server, kernel_id).connect()
+        try:
+            await ws.execute("z = 1")
+            await suspend_via_api(server, kernel_id)
+            await ws.execute("z += 1")  # resumes, with z back
+            await server.request("POST", f"/api/kernels/{kernel_id}/restart", expect=200)
+            result = await ws.execute("print('z' in globals())")
+        finally:
+            ws.close()
+        assert result.stdout.strip().splitlines()[-1] == "False"
+        await server.request("DELETE", f"/api/kernels/{kernel_id}", expect=204)
+
+
+async def _apply_pool(name: str, spec: dict[str, object] | None) -> None:
+    plane = LocalControlPlane()
+    try:
+        if spec is None:
+            await plane.delete_pool(name)
+        else:
+            await plane.apply_pool(name, spec)
+    finally:
+        await plane.close()
+
+
+@pytest.mark.parametrize(
+    ("pool", "spec", "expected"),
+    [
+        # Over the size cap: the big one is left out, the rest comes back.
+        ("capped", {"replicas": 0, "state_max_mb": 1}, "small True big False"),
+        # Saving turned off for the pool: a fresh kernel, as before.
+        ("nostate", {"replicas": 0, "save_state": False}, "small False big False"),
+    ],
+)
+async def test_pool_options_bound_or_turn_off_saving(
+    tmp_path: Path, pool: str, spec: dict[str, object], expected: str
+) -> None:
+    await _apply_pool(pool, spec)
+    install_kernelspec(pool, prefix=str(ROOT))  # where the session's kernelspecs are
+    try:
+        with jupyter_server(tmp_path) as server:
+            kernel_id = await start_kernel(server, f"sandbox-{pool}")
+            ws = await KernelSocket(server, kernel_id).connect()
+            try:
+                await ws.execute("small = 1\nbig = bytes(3 * 1024 * 1024)")
+                await suspend_via_api(server, kernel_id)
+                result = await ws.execute(
+                    "print('small', 'small' in globals(), 'big', 'big' in globals())"
+                )
+            finally:
+                ws.close()
+            assert result.stdout.strip().splitlines()[-1] == expected
+            await server.request("DELETE", f"/api/kernels/{kernel_id}", expect=204)
+    finally:
+        await _apply_pool(pool, None)
