@@ -491,11 +491,14 @@ class LocalController:
             limits=Limits(
                 memory_bytes=pool.memory_mb * 1024 * 1024 if pool.memory_mb else None,
                 cpu_seconds=pool.cpu_seconds,
-                max_processes=pool.max_processes,
             ),
             tmp_bytes=pool.tmp_bytes(),
             cgroup=self._cgroup(sandbox.name, pool),
         )
+        if spec.cgroup is None and pool.max_processes:
+            # RLIMIT_NPROC counts every process and thread of the user, not the
+            # sandbox's: allow this many more than the user runs now.
+            spec.limits.max_processes = _user_tasks() + pool.max_processes
         proc = SandboxProcess(spec, self.isolation)
         self.processes[sandbox.name] = proc
         sandbox.ready = False
@@ -653,6 +656,16 @@ def check_labels_env(env: Any) -> dict[str, str]:
     ):
         raise InvalidRequest("env must be an object of string names to string values")
     return dict(env)
+
+
+def _user_tasks() -> int:
+    """Processes and threads of this user, as RLIMIT_NPROC counts them."""
+    uid, count = os.getuid(), 0
+    for proc in psutil.process_iter(["uids", "num_threads"]):
+        uids, threads = proc.info["uids"], proc.info["num_threads"]
+        if uids is not None and uids.real == uid:
+            count += threads or 1
+    return count
 
 
 def _start_time(pid: int) -> float | None:
