@@ -24,7 +24,7 @@ async def local_figures(args: argparse.Namespace) -> list[Figure]:
     from jupyter_sandbox.control_plane.local.client import LocalControlPlane
     from jupyter_sandbox.kernelspec import install_kernelspec
 
-    from . import kernels
+    from . import kernel_state, kernels
 
     prefix = tempfile.mkdtemp(prefix="bench-kernels-")
     install_kernelspec("bench", prefix=prefix, name=kernels.SANDBOX)
@@ -41,6 +41,9 @@ async def local_figures(args: argparse.Namespace) -> list[Figure]:
         figures.append(await kernels.execute_round_trip(plane, args.round_trips))
         figures += await kernels.output_throughput(plane, args.megabytes, max(1, args.reps // 3))
         figures.append(await kernels.resume_vs_cold(plane, max(1, args.reps // 2)))
+        figures += await kernel_state.state_figures(
+            plane, [10] if args.quick else [10, 100, 1000], 1 if args.quick else 3
+        )
         figures.append(await kernels.idle_memory(plane))
     finally:
         await plane.delete_pool("bench")

@@ -77,4 +77,5 @@ def table(figures: list[Figure]) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
+    lines += [f"{f.title}: {f.notes}" for f in figures if f.notes]
     return "\n".join(lines)

@@ -185,3 +185,41 @@ async def test_pool_options_bound_or_turn_off_saving(
             await server.request("DELETE", f"/api/kernels/{kernel_id}", expect=204)
     finally:
         await _apply_pool(pool, None)
+
+
+async def test_a_batch_run_suspended_between_cells_keeps_its_state() -> None:
+    """nbclient: the sandbox is suspended after the first cell; the second resumes it."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    nb = nbformat.v4.new_notebook(
+        cells=[
+            nbformat.v4.new_code_cell("x = 21\ndef twice(v):\n    return 2 * v"),
+            nbformat.v4.new_code_cell("print(twice(x))"),
+        ]
+    )
+    client = NotebookClient(nb, kernel_name="sandbox-default", timeout=180)
+    suspended: list[str] = []
+
+    async def suspend_after_first(cell: object, cell_index: int, execute_reply: object) -> None:
+        if cell_index != 0:
+            return
+        provisioner = client.km.provisioner
+        claim = provisioner.session.claim_name
+        await provisioner.suspend()
+        plane = LocalControlPlane()
+        try:
+
+            async def released() -> bool:
+                status = await plane.status(claim)
+                return status is not None and status.phase == "Suspended"
+
+            await wait_for(released, 60)
+            suspended.append(claim)
+        finally:
+            await plane.close()
+
+    client.on_cell_executed = suspend_after_first
+    await client.async_execute()
+    assert suspended, "the sandbox was suspended between the cells"
+    assert nb.cells[1].outputs[-1]["text"] == "42\n"

@@ -224,7 +224,7 @@ def test_notebook_in_a_sandbox_suspend_and_resume(tmp_path: Path) -> None:
         card.click()
         status = page.locator(".jp-SandboxStatus")
         expect(status).to_have_attribute("data-sandbox-state", "idle", timeout=TIMEOUT_MS)
-        run_cell(page, "print(6 * 7)", "42")
+        run_cell(page, "answer = 6 * 7; print(answer)", "42")
         expect(status).to_have_attribute("data-sandbox-state", "idle")
         text = status.inner_text()
         assert "default" in text and "default-" in text, text
@@ -245,9 +245,12 @@ def test_notebook_in_a_sandbox_suspend_and_resume(tmp_path: Path) -> None:
         page.screenshot(path=str(shots / "03-suspended.png"))
 
         # The next execution resumes the sandbox (a new kernel, same workspace).
-        run_cell(page, "import os; print('back in', os.getcwd())", "back in")
-        # Said in words in the cell, not as a "kernel died" dialog.
-        page.locator(".jp-OutputArea-output", has_text="Resumed after suspension").wait_for()
+        run_cell(page, "import os; print('back in', os.getcwd(), answer)", "back in")
+        # Said in words in the cell, not as a "kernel died" dialog, with what came back.
+        notice = page.locator(".jp-OutputArea-output", has_text="Resumed after suspension")
+        notice.wait_for()
+        assert "restored 1 variable" in notice.inner_text(), notice.inner_text()
+        assert page.locator(".jp-OutputArea-output", has_text="back in /workspace 42").count()
         assert page.locator(".jp-Dialog", has_text="appears to have died").count() == 0
         expect(status).to_have_attribute("data-sandbox-state", "idle")
         sandbox_panel.locator(".jp-SandboxPanel-kernel[data-sandbox-state='idle']").wait_for()
