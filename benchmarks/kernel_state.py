@@ -34,7 +34,7 @@ USE = "print(len(data))"
 
 
 async def _run(kc: Any, code: str) -> None:
-    reply = await kc.execute_interactive(code, timeout=600)
+    reply = await kc.execute_interactive(code, timeout=600, output_hook=lambda _: None)
     if reply["content"]["status"] != "ok":
         raise RuntimeError(f"benchmark cell failed: {reply['content']}")
 

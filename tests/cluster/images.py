@@ -108,6 +108,7 @@ def debian_suite() -> str:
 # dependencies, e.g. the 100+ MiB kubernetes client, serve the operator, router
 # and server extension, not the sandbox; JSBX_IMAGE_FULL=1 installs them all)
 RUNTIME_REQUIREMENTS = {
+    "dill",  # the kernel saves its variables with it before a suspend
     "ipykernel",
     "jupyter-client",
     "tornado",
