@@ -10,7 +10,7 @@ import sys
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from .control_plane.base import ClaimError
+from .control_plane.base import BackendUnavailable, ClaimError, ClaimNotFound
 
 MANAGER_CLASS = "jupyter_sandbox.kernel_provisioner.manager.SandboxKernelManager"
 # Subcommands that are programs of their own, with their own options.
@@ -161,6 +161,11 @@ def cmd_claims(args: argparse.Namespace) -> int:
                     ),
                 )
             elif args.claims_cmd == "release":
+                if await plane.status(args.name) is None:
+                    raise ClaimNotFound(
+                        f"claim {args.name!r} does not exist",
+                        hint="see the claims with: jupyter-sandbox claims list",
+                    )
                 await plane.release(args.name)
                 print(f"claim {args.name} released")
             elif args.claims_cmd in ("suspend", "resume"):
@@ -189,6 +194,12 @@ def cmd_daemon(args: argparse.Namespace) -> int:
                 info = await plane.ensure_daemon()
                 print(json.dumps(info, indent=1))
             elif args.daemon_cmd == "stop":
+                plane.autostart = False
+                try:
+                    await plane.ensure_daemon()
+                except BackendUnavailable:
+                    print("daemon was not running")
+                    return 0
                 await plane.stop_daemon()
                 print("daemon stopped")
             elif args.daemon_cmd == "status":

@@ -53,6 +53,30 @@ def test_bad_input_is_a_clear_error() -> None:
 
 
 @pytest.mark.usefixtures("warm_daemon")
+def test_releasing_an_unknown_claim_is_an_error_not_a_success() -> None:
+    result = cli("claims", "release", "nosuch")
+    assert result.returncode == 2, result.stdout
+    assert "error: claim 'nosuch' does not exist" in result.stderr
+    assert "released" not in result.stdout
+
+
+def test_stopping_a_daemon_that_is_not_running_says_so(tmp_path: Path) -> None:
+    import os
+
+    env = {**os.environ, "JUPYTER_SANDBOX_HOME": str(tmp_path / "none")}
+    result = subprocess.run(
+        [sys.executable, "-m", "jupyter_sandbox.cli", "daemon", "stop"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "daemon was not running"
+    assert not (tmp_path / "none" / "daemon.sock").exists(), "stop must not start a daemon"
+
+
+@pytest.mark.usefixtures("warm_daemon")
 async def test_jupyter_sandbox_lab_serves_sandboxed_kernels(tmp_path: Path) -> None:
     """The README's run command: JupyterLab, sandbox kernelspecs, the culling-aware manager."""
     port = free_port()
