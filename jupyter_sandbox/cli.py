@@ -104,7 +104,25 @@ def cmd_install_kernelspec(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(f"installed kernelspec in {path}")
+    if args.backend == "local" and not _run(_local_pool_exists(args.pool)):
+        print(
+            f"warning: the local daemon has no pool {args.pool!r} yet; kernels of this "
+            f"kernelspec fail until you create it: jupyter-sandbox pool create {args.pool}",
+            file=sys.stderr,
+        )
     return 0
+
+
+async def _local_pool_exists(pool: str) -> int:
+    """1 if the running daemon has ``pool`` (or no daemon runs to ask), else 0."""
+    plane = _plane()
+    plane.autostart = False
+    try:
+        return int(any(p.name == pool for p in await plane.list_pools()))
+    except BackendUnavailable:
+        return 1  # nothing to check against; the daemon's default pool is "default"
+    finally:
+        await plane.close()
 
 
 # -- pools -------------------------------------------------------------------------
@@ -150,7 +168,15 @@ def cmd_claims(args: argparse.Namespace) -> int:
         plane = _plane()
         try:
             if args.claims_cmd == "list":
-                claims = [c.to_json() for c in await plane.list_claims()]
+                plane.autostart = False  # listing must not start a daemon and its pools
+                try:
+                    found = await plane.list_claims()
+                except BackendUnavailable:
+                    found = []
+                    if not args.json:
+                        print("no claims: the local sandbox daemon is not running")
+                        return 0
+                claims = [c.to_json() for c in found]
                 for claim in claims:
                     claim.pop("endpoint", None)
                 _print(

@@ -60,20 +60,39 @@ def test_releasing_an_unknown_claim_is_an_error_not_a_success() -> None:
     assert "released" not in result.stdout
 
 
-def test_stopping_a_daemon_that_is_not_running_says_so(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["daemon", "stop"], "daemon was not running"),
+        (["claims", "list"], "no claims: the local sandbox daemon is not running"),
+    ],
+)
+def test_commands_about_a_daemon_that_is_not_running_do_not_start_one(
+    tmp_path: Path, argv: list[str], said: str
+) -> None:
     import os
 
     env = {**os.environ, "JUPYTER_SANDBOX_HOME": str(tmp_path / "none")}
     result = subprocess.run(
-        [sys.executable, "-m", "jupyter_sandbox.cli", "daemon", "stop"],
+        [sys.executable, "-m", "jupyter_sandbox.cli", *argv],
         capture_output=True,
         text=True,
         timeout=60,
         env=env,
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "daemon was not running"
-    assert not (tmp_path / "none" / "daemon.sock").exists(), "stop must not start a daemon"
+    assert result.stdout.strip() == said
+    assert not (tmp_path / "none" / "daemon.sock").exists(), "no daemon may be started"
+
+
+@pytest.mark.usefixtures("warm_daemon")
+def test_a_kernelspec_for_a_pool_that_does_not_exist_is_flagged(tmp_path: Path) -> None:
+    result = cli("install-kernelspec", "--pool", "nosuch", "--prefix", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert "warning: the local daemon has no pool 'nosuch' yet" in result.stderr
+    assert "jupyter-sandbox pool create nosuch" in result.stderr
+    result = cli("install-kernelspec", "--pool", "default", "--prefix", str(tmp_path))
+    assert result.returncode == 0 and "warning" not in result.stderr
 
 
 @pytest.mark.usefixtures("warm_daemon")
