@@ -267,3 +267,17 @@ def stop_process(proc: subprocess.Popen[bytes], grace: float = 10) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+async def apply_pool(name: str, spec: dict[str, Any] | None) -> None:
+    """Create or change a pool of the session's daemon, or delete it (``spec`` None)."""
+    from jupyter_sandbox.control_plane.local.client import LocalControlPlane
+
+    plane = LocalControlPlane()
+    try:
+        if spec is None:
+            await plane.delete_pool(name)
+        else:
+            await plane.apply_pool(name, spec)
+    finally:
+        await plane.close()

@@ -14,7 +14,7 @@ from jupyter_sandbox.control_plane.local.client import LocalControlPlane
 from jupyter_sandbox.kernelspec import install_kernelspec
 
 from .conftest import ROOT
-from .helpers import KernelSocket, Server, jupyter_server, start_kernel, wait_for
+from .helpers import KernelSocket, Server, apply_pool, jupyter_server, start_kernel, wait_for
 
 pytestmark = pytest.mark.usefixtures("warm_daemon")
 
@@ -103,31 +103,6 @@ async def test_a_cell_that_resumes_the_sandbox_says_what_came_back(tmp_path: Pat
         await server.request("DELETE", f"/api/kernels/{kernel_id}", expect=204)
 
 
-async def test_an_idle_cull_keeps_the_variables(tmp_path: Path) -> None:
-    with jupyter_server(
-        tmp_path,
-        "--MappingKernelManager.cull_idle_timeout=3",
-        "--MappingKernelManager.cull_interval=1",
-    ) as server:
-        kernel_id = await start_kernel(server)
-        ws = await KernelSocket(server, kernel_id).connect()
-        await ws.execute("import numbers\ntotal = sum(range(10))")
-        ws.close()
-
-        async def suspended() -> bool:
-            model = await server.request("GET", f"/api/sandbox/kernels/{kernel_id}")
-            return bool(model["sandbox"]["suspended"])
-
-        await wait_for(suspended, 30)
-        ws = await KernelSocket(server, kernel_id).connect()
-        try:
-            result = await ws.execute("print(total, isinstance(total, numbers.Integral))")
-        finally:
-            ws.close()
-        assert result.stdout.strip() == "45 True"
-        await server.request("DELETE", f"/api/kernels/{kernel_id}", expect=204)
-
-
 async def test_a_restart_is_still_a_fresh_kernel(tmp_path: Path) -> None:
     with jupyter_server(tmp_path) as server:
         kernel_id = await start_kernel(server)
@@ -144,17 +119,6 @@ async def test_a_restart_is_still_a_fresh_kernel(tmp_path: Path) -> None:
         await server.request("DELETE", f"/api/kernels/{kernel_id}", expect=204)
 
 
-async def _apply_pool(name: str, spec: dict[str, object] | None) -> None:
-    plane = LocalControlPlane()
-    try:
-        if spec is None:
-            await plane.delete_pool(name)
-        else:
-            await plane.apply_pool(name, spec)
-    finally:
-        await plane.close()
-
-
 @pytest.mark.parametrize(
     ("pool", "spec", "expected"),
     [
@@ -167,7 +131,7 @@ async def _apply_pool(name: str, spec: dict[str, object] | None) -> None:
 async def test_pool_options_bound_or_turn_off_saving(
     tmp_path: Path, pool: str, spec: dict[str, object], expected: str
 ) -> None:
-    await _apply_pool(pool, spec)
+    await apply_pool(pool, spec)
     install_kernelspec(pool, prefix=str(ROOT))  # where the session's kernelspecs are
     try:
         with jupyter_server(tmp_path) as server:
@@ -184,7 +148,7 @@ async def test_pool_options_bound_or_turn_off_saving(
             assert result.stdout.strip().splitlines()[-1] == expected
             await server.request("DELETE", f"/api/kernels/{kernel_id}", expect=204)
     finally:
-        await _apply_pool(pool, None)
+        await apply_pool(pool, None)
 
 
 async def test_a_batch_run_suspended_between_cells_keeps_its_state() -> None:

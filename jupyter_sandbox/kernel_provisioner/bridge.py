@@ -103,14 +103,18 @@ class Bridge:
                 sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
             self.ports[channel] = number
             sock.bind(self._endpoint_of(channel))
+            os.link(self._path_of(channel), self._path_of(channel) + KEEPER_SUFFIX)
             self._sockets[channel] = sock
         for channel in REQUEST_CHANNELS:
             self._tasks.append(asyncio.create_task(self._read_client(channel)))
         self._tasks.append(asyncio.create_task(self._heartbeat()))
         return self.ports
 
+    def _path_of(self, channel: str) -> str:
+        return f"{self.ip}-{self.ports[channel]}"
+
     def _endpoint_of(self, channel: str) -> str:
-        return f"ipc://{self.ip}-{self.ports[channel]}"
+        return f"ipc://{self._path_of(channel)}"
 
     def connection_info(self) -> dict[str, Any]:
         """The ZMQ half of a kernel connection file (without the key)."""
@@ -121,21 +125,18 @@ class Bridge:
         }
 
     async def restore_endpoints(self) -> None:
-        """Bind again the socket files someone removed.
+        """Put back the socket files someone removed.
 
         jupyter_client deletes a kernel's ipc files on every restart
         (``cleanup_ipc_files``) while this bridge, kept across restarts, still
-        holds the sockets: without the files nobody new could connect.
+        listens: without the files nobody new could connect. Each socket has a
+        second name (a hard link, made at bind time) to restore the first from,
+        so the listening sockets and their connections are never touched.
         """
-        for channel, sock in self._sockets.items():
-            if os.path.exists(f"{self.ip}-{self.ports[channel]}"):
-                continue
-            endpoint = self._endpoint_of(channel)
-            try:
-                sock.unbind(endpoint)
-            except zmq.ZMQError:
-                pass
-            sock.bind(endpoint)
+        for channel in self._sockets:
+            path = self._path_of(channel)
+            if not os.path.exists(path):
+                os.link(path + KEEPER_SUFFIX, path)
 
     async def _heartbeat(self) -> None:
         sock = self._sockets["hb"]
@@ -354,6 +355,8 @@ class Bridge:
         if self._ipc_dir is not None:
             shutil.rmtree(self._ipc_dir, ignore_errors=True)
 
+
+KEEPER_SUFFIX = ".keep"  # a second name for each socket file (see restore_endpoints)
 
 CHANNEL_KINDS = {
     "shell": zmq.ROUTER,

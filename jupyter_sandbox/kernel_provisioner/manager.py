@@ -87,7 +87,9 @@ class SandboxKernelManager(AsyncMappingKernelManager):  # type: ignore[misc]
                 if (
                     not kernel_id
                     or kernel_id in self
-                    or (isinstance(owner, int) and owner != os.getpid() and _alive(owner))
+                    # This very server claimed it: a kernel starting while we scan.
+                    or owner == os.getpid()
+                    or (isinstance(owner, int) and _alive(owner))
                 ):
                     continue  # a live server still holds it
                 kernel_name = claim.labels.get(LABEL_KERNEL_NAME) or ""

@@ -16,6 +16,7 @@ import pytest
 from jupyter_sandbox.client import Sandbox, SandboxClient
 from jupyter_sandbox.control_plane.local.client import LocalControlPlane
 from jupyter_sandbox.control_plane.local.isolation import probe
+from tests.helpers import apply_pool
 
 pytestmark = pytest.mark.skipif(not probe().isolated, reason=f"no isolation here: {probe().detail}")
 
@@ -51,33 +52,25 @@ print("written_mb", written)
 """
 
 
-async def _apply(spec: dict[str, object] | None) -> None:
-    plane = LocalControlPlane()
-    try:
-        if spec is None:
-            await plane.delete_pool(POOL)
-        else:
-            await plane.apply_pool(POOL, spec)
-    finally:
-        await plane.close()
-
-
 @pytest.fixture(scope="module")
 def limited(warm_daemon_module: Path) -> Iterator[Sandbox]:
     asyncio.run(
-        _apply({"replicas": 0, "max_processes": MAX_PROCESSES, "memory_mb": 768, "tmp_mb": TMP_MB})
+        apply_pool(
+            POOL,
+            {"replicas": 0, "max_processes": MAX_PROCESSES, "memory_mb": 768, "tmp_mb": TMP_MB},
+        )
     )
     try:
         with SandboxClient() as client:
             with client.create_sandbox(warmpool=POOL, sandbox_ready_timeout=120) as sb:
                 yield sb
     finally:
-        asyncio.run(_apply(None))
+        asyncio.run(apply_pool(POOL, None))
 
 
 @pytest.fixture(scope="module")
 def warm_daemon_module(sandbox_home: Path) -> Path:
-    asyncio.run(_apply({"replicas": 0}))  # starts the daemon if needed
+    asyncio.run(apply_pool(POOL, {"replicas": 0}))  # starts the daemon if needed
     return sandbox_home
 
 
