@@ -162,7 +162,11 @@ class SandboxProcess:
                 os.close(fd)
             listener.close()
         if shake is not None:
-            await self._attach_network(shake)
+            try:
+                await self._attach_network(shake)
+            except BaseException:
+                os.close(read_fd)
+                raise
         self._ready_reader = asyncio.create_task(self._read_ready(read_fd))
 
     def _wants_user_network(self) -> bool:
