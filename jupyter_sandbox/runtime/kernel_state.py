@@ -231,5 +231,10 @@ def summary(result: dict[str, Any]) -> str:
     text = f"restored {len(restored)} variable{'s' if len(restored) != 1 else ''}"
     skipped = result.get("skipped") or {}
     if skipped:
-        text += "; not restored: " + ", ".join(f"{k} ({v})" for k, v in sorted(skipped.items()))
+        text += "; not restored: " + named(skipped)
     return text
+
+
+def named(skipped: dict[str, str]) -> str:
+    """``conn (socket), worker (thread)``: what was left out, and why."""
+    return ", ".join(f"{name} ({why})" for name, why in sorted(skipped.items()))

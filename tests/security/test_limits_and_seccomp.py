@@ -266,6 +266,13 @@ def make_group() -> Iterator[Callable[..., SandboxCgroup]]:
     LIMITS.remove_parents()
 
 
+def _run_in(group: SandboxCgroup, argv: list[str]) -> subprocess.CompletedProcess[str]:
+    """Run ``argv`` inside ``group`` (it enters the cgroup before exec), output captured."""
+    return subprocess.run(
+        argv, preexec_fn=group.enter, capture_output=True, text=True, timeout=20, check=False
+    )
+
+
 FORK_BOMB = r"""
 import subprocess, sys
 started = []
@@ -283,14 +290,7 @@ for p in started:
 @_needs("pids")
 def test_fork_bomb_stops_at_max_pids(make_group: Callable[..., SandboxCgroup]) -> None:
     group = make_group(max_pids=50)
-    result = subprocess.run(
-        [sys.executable, "-c", FORK_BOMB],
-        preexec_fn=group.enter,
-        capture_output=True,
-        text=True,
-        timeout=20,
-        check=False,
-    )
+    result = _run_in(group, [sys.executable, "-c", FORK_BOMB])
     started = int(result.stdout.split()[0])
     assert 30 <= started < 50, result.stderr  # the python itself counts as one
     control = subprocess.run(
@@ -316,9 +316,7 @@ def _tmpfs_writer(size_mb: int) -> list[str]:
 def test_tmpfs_is_charged_to_the_memory_limit(make_group: Callable[..., SandboxCgroup]) -> None:
     size = 1536
     group = make_group(memory_bytes=256 * MB)
-    result = subprocess.run(
-        _tmpfs_writer(size), preexec_fn=group.enter, capture_output=True, text=True, timeout=20
-    )
+    result = _run_in(group, _tmpfs_writer(size))
     assert f"written {size * MB}" not in result.stdout
     usage = group.usage()
     assert usage.memory_peak_bytes is None or usage.memory_peak_bytes <= 256 * MB
@@ -333,13 +331,7 @@ ALLOCATE = "data = b'x' * (512 << 20); print(len(data))"
 @_needs("memory")
 def test_allocation_beyond_the_limit_fails(make_group: Callable[..., SandboxCgroup]) -> None:
     group = make_group(memory_bytes=256 * MB)
-    result = subprocess.run(
-        [sys.executable, "-c", ALLOCATE],
-        preexec_fn=group.enter,
-        capture_output=True,
-        text=True,
-        timeout=20,
-    )
+    result = _run_in(group, [sys.executable, "-c", ALLOCATE])
     assert result.returncode in (-signal.SIGKILL, 1), result  # OOM-killed or MemoryError
     assert str(512 * MB) not in result.stdout
     assert (group.usage().oom_kills or 0) >= 1 or "MemoryError" in result.stderr

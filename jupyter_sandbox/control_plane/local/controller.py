@@ -20,6 +20,7 @@ from typing import Any
 
 import psutil
 
+from ...runtime.kernel_state import named
 from ..base import (
     LABEL_SAVE_STATE,
     ClaimNotFound,
@@ -449,7 +450,7 @@ class LocalController:
         saved, skipped = body.get("saved") or [], body.get("skipped") or {}
         text = f"kernel state saved: {len(saved)} variables, {body.get('bytes', 0)} bytes"
         if skipped:
-            text += "; not saved: " + ", ".join(f"{k} ({v})" for k, v in sorted(skipped.items()))
+            text += "; not saved: " + named(skipped)
         log.info("sandbox %s: %s in %ss", proc.spec.name, text, body.get("seconds"))
         return text
 
@@ -609,8 +610,10 @@ class LocalController:
     async def shutdown(self) -> None:
         """Stop every process (the store keeps what should run for the next start)."""
         await asyncio.gather(*(p.stop() for p in self.processes.values()), return_exceptions=True)
-        if self._deleting:
-            await asyncio.gather(*self._deleting, return_exceptions=True)
+        pending = [*self._deleting, *self._suspending.values()]
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
+        self.runtime_calls.close()
         self.store.save()
 
     # -- orphans -----------------------------------------------------------
