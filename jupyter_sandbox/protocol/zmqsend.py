@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import zmq
 import zmq.asyncio
 
 _send = zmq.Socket.send  # the synchronous send, not zmq.asyncio's override
+# pyzmq's own re-check of an asyncio socket's pending events. It is private: the
+# unit test of this module fails loudly if a pyzmq release renames it.
+_recheck_events: Callable[[zmq.asyncio.Socket], None] = getattr(  # noqa: B009
+    zmq.asyncio.Socket, "_schedule_remaining_events"
+)
 
 
 def send_now(sock: zmq.asyncio.Socket, frames: Sequence[bytes | memoryview]) -> None:
@@ -17,6 +22,7 @@ def send_now(sock: zmq.asyncio.Socket, frames: Sequence[bytes | memoryview]) -> 
     frame, which costs more than the send itself at a kernel's message rate.
     (``zmq.Socket.send_multipart(sock, ...)`` would not avoid that: it calls
     ``sock.send``, which is the asyncio override; hence the frame loop here.)
+    ipykernel 7 met the same edge in its shell channel (ipykernel#1529).
     """
     last = len(frames) - 1
     try:
@@ -28,3 +34,7 @@ def send_now(sock: zmq.asyncio.Socket, frames: Sequence[bytes | memoryview]) -> 
     # all parts or none), so the rest cannot meet a full queue.
     for index in range(1, last + 1):
         _send(sock, frames[index], zmq.SNDMORE if index < last else 0, copy=False)
+    # libzmq's notification fd is edge-triggered and this send, unseen by
+    # zmq.asyncio, may have consumed the edge announcing an incoming message: have
+    # zmq.asyncio look at the socket's events again, or a pending receive sleeps.
+    _recheck_events(sock)

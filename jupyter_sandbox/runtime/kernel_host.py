@@ -9,6 +9,7 @@ import logging
 import os
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -27,6 +28,7 @@ MessageSink = Callable[[str, list[bytes | memoryview]], None]
 StateSink = Callable[["KernelState"], None]
 
 READY_TIMEOUT = 60.0
+MAX_INTERNAL_REQUESTS = 1000
 ZERO_COPY_BYTES = 64 * 1024
 
 
@@ -80,8 +82,8 @@ class KernelHost:
         self._sockets: dict[str, zmq.asyncio.Socket] = {}
         self._readers: list[asyncio.Task[None]] = []
         self._watcher: asyncio.Task[None] | None = None
-        self._probes: dict[str, asyncio.Future[list[bytes | memoryview]]] = {}
-        self._probe_status: dict[str, asyncio.Future[None]] = {}
+        # The runtime's own requests (readiness probes, state saves), by msg_id.
+        self._internal: OrderedDict[str, _InternalRequest] = OrderedDict()
         self._identity = uuid.uuid4().hex.encode()
         # Tells a reconnecting bridge whether this is still the runtime it knew.
         self.runtime_id = uuid.uuid4().hex
@@ -130,7 +132,7 @@ class KernelHost:
             if name.startswith("kernel-"):
                 os.unlink(os.path.join(self.runtime_dir, name))
         self._km = km
-        self._probe_status.clear()
+        self._internal.clear()
         self.state = KernelState(generation=self.state.generation + 1)
         self._publish_state()
         await km.start_kernel(env=dict(self.env), cwd=self.cwd)
@@ -232,25 +234,27 @@ class KernelHost:
             # Large parts (output, buffers) stay in zmq's memory while sent and replayable.
             frames = [f.buffer if len(f) > ZERO_COPY_BYTES else f.bytes for f in received]
             try:
-                _, _, parts = split_zmq(frames)
-            except ValueError:
-                log.warning("dropping malformed message on %s", channel)
-                continue
-            self._observe(channel, parts)
-            parent = parent_msg_id(parts)
-            if parent is not None and parent in self._probes:
-                if channel == "shell":
-                    self._probes.pop(parent).set_result(parts)
-                    continue
-                if channel == "iopub":
-                    waiter = self._probe_status.get(parent)
-                    if waiter is not None and not waiter.done():
-                        waiter.set_result(None)
-                    continue
-            if parent is not None and parent in self._probe_status and channel == "iopub":
-                # Late status messages of an answered probe.
-                continue
+                self._dispatch(channel, frames)
+            except Exception:  # one odd message must never end the relay
+                log.exception("relaying a kernel message on %s failed", channel)
+
+    def _dispatch(self, channel: str, frames: list[bytes | memoryview]) -> None:
+        try:
+            _, _, parts = split_zmq(frames)
+        except ValueError:
+            log.warning("dropping malformed message on %s", channel)
+            return
+        self._observe(channel, parts)
+        parent = parent_msg_id(parts)
+        internal = self._internal.get(parent) if parent is not None else None
+        if internal is None:
             self._on_message(channel, parts)
+            return
+        # Answers to the runtime's own requests, late ones included, reach no client.
+        if channel == "shell":
+            _resolve(internal.reply, parts)
+        elif channel == "iopub" and _is_idle_status(parts):
+            _resolve(internal.idle, None)
 
     def _observe(self, channel: str, parts: list[bytes | memoryview]) -> None:
         self.state.last_activity = time.time()
@@ -277,9 +281,7 @@ class KernelHost:
             if remaining <= 0:
                 raise TimeoutError
             try:
-                await self._internal_request(
-                    "kernel_info_request", {}, timeout=min(1.0, remaining), keep=False
-                )
+                await self._internal_request("kernel_info_request", {}, timeout=min(1.0, remaining))
                 return
             except TimeoutError:
                 if not self.state.alive:
@@ -288,19 +290,19 @@ class KernelHost:
                     raise
 
     async def _internal_request(
-        self, msg_type: str, content: dict[str, Any], *, timeout: float, keep: bool = True
+        self, msg_type: str, content: dict[str, Any], *, timeout: float
     ) -> dict[str, Any]:
         """A request of the runtime's own, answered on shell; none of it reaches clients.
 
-        Waits for the reply and the kernel's idle status. ``keep`` leaves the
-        message marked as internal after a timeout, so its late output stays hidden.
+        Waits for the reply and the kernel's idle status. The request stays known
+        after a timeout, so what the kernel still sends for it stays hidden.
         """
         msg_id = uuid.uuid4().hex
         loop = asyncio.get_running_loop()
-        reply: asyncio.Future[list[bytes | memoryview]] = loop.create_future()
-        status: asyncio.Future[None] = loop.create_future()
-        self._probes[msg_id] = reply
-        self._probe_status[msg_id] = status
+        internal = _InternalRequest(loop.create_future(), loop.create_future())
+        self._internal[msg_id] = internal
+        while len(self._internal) > MAX_INTERNAL_REQUESTS:
+            self._internal.popitem(last=False)
         header = {
             "msg_id": msg_id,
             "msg_type": msg_type,
@@ -312,12 +314,9 @@ class KernelHost:
         self.send(
             "shell", [json.dumps(header).encode(), b"{}", b"{}", json.dumps(content).encode()]
         )
-        try:
-            parts, _ = await asyncio.wait_for(asyncio.gather(reply, status), timeout=timeout)
-        except TimeoutError:
-            if not keep:
-                self._probes.pop(msg_id, None)
-            raise
+        parts, _ = await asyncio.wait_for(
+            asyncio.gather(internal.reply, internal.idle), timeout=timeout
+        )
         result = json.loads(bytes(parts[3]))
         return result if isinstance(result, dict) else {}
 
@@ -363,6 +362,27 @@ class KernelHost:
 
 
 STATE_MODULE = "jupyter_sandbox.runtime.kernel_state"
+
+
+@dataclass
+class _InternalRequest:
+    reply: asyncio.Future[list[bytes | memoryview]]
+    idle: asyncio.Future[None]
+
+
+def _resolve(future: asyncio.Future[Any], value: Any) -> None:
+    # A timed-out request's future is already cancelled when its answer comes.
+    if not future.done():
+        future.set_result(value)
+
+
+def _is_idle_status(parts: list[bytes | memoryview]) -> bool:
+    if b'"status"' not in bytes(parts[0][:400]):
+        return False
+    try:
+        return bool(json.loads(bytes(parts[3])).get("execution_state") == "idle")
+    except (ValueError, AttributeError):
+        return False
 
 
 class KernelStateError(RuntimeError):
