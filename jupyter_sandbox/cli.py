@@ -144,6 +144,8 @@ def cmd_pool(args: argparse.Namespace) -> int:
                     spec["display_name"] = args.display_name
                 if args.keep_workspace:
                     spec["keep_workspace"] = True
+                if args.files is not None:
+                    spec["files"] = args.files
                 result = await plane.apply_pool(args.name, spec)
                 if args.kernelspec:
                     from .kernelspec import install_kernelspec
@@ -306,6 +308,13 @@ def build_parser() -> argparse.ArgumentParser:
     create.add_argument("--cpus", type=float, help="CPU quota in cores (a cgroup)")
     create.add_argument("--tmp-mb", type=int, help="size of the private /tmp (default 1024)")
     create.add_argument("--display-name")
+    create.add_argument(
+        "--files",
+        choices=("rw", "ro", "none"),
+        help="the notebook's directory in the sandbox, as the kernel's working directory: "
+        "read-write (default), read-only, or not at all (the kernel works in /workspace "
+        "and claims come from the warm pool)",
+    )
     create.add_argument(
         "--keep-workspace",
         action="store_true",

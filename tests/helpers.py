@@ -68,11 +68,11 @@ class Server:
 
 @contextmanager
 def jupyter_server(
-    tmp_path: Path, *extra: str, env: dict[str, str] | None = None
+    tmp_path: Path, *extra: str, env: dict[str, str] | None = None, root: Path | None = None
 ) -> Iterator[Server]:
     port = free_port()
     token = uuid.uuid4().hex
-    root = tmp_path / "notebooks"
+    root = root or tmp_path / "notebooks"
     root.mkdir(exist_ok=True)
     log = tmp_path / f"server-{port}.log"
     handle = open(log, "wb")
@@ -281,3 +281,25 @@ async def apply_pool(name: str, spec: dict[str, Any] | None) -> None:
             await plane.apply_pool(name, spec)
     finally:
         await plane.close()
+
+
+async def claims_for(kernel_id: str | None = None) -> list[Any]:
+    """The session daemon's claims of one kernel (all claims when ``kernel_id`` is None)."""
+    from jupyter_sandbox.control_plane.local.client import LocalControlPlane
+
+    plane = LocalControlPlane()
+    try:
+        labels = {"jupyter-sandbox/kernel-id": kernel_id} if kernel_id else None
+        return await plane.list_claims(labels)
+    finally:
+        await plane.close()
+
+
+async def suspend_via_api(server: Server, kernel_id: str) -> None:
+    """Suspend a kernel's sandbox through the server's REST API and wait until it is."""
+    await server.request("POST", f"/api/sandbox/kernels/{kernel_id}/suspend", expect=200)
+
+    async def released() -> bool:
+        return bool((await claims_for(kernel_id))[0].phase == "Suspended")
+
+    await wait_for(released, 60)

@@ -14,7 +14,14 @@ from jupyter_sandbox.control_plane.local.client import LocalControlPlane
 from jupyter_sandbox.kernelspec import install_kernelspec
 
 from .conftest import ROOT
-from .helpers import KernelSocket, Server, apply_pool, jupyter_server, start_kernel, wait_for
+from .helpers import (
+    KernelSocket,
+    apply_pool,
+    jupyter_server,
+    start_kernel,
+    suspend_via_api,
+    wait_for,
+)
 
 pytestmark = pytest.mark.usefixtures("warm_daemon")
 
@@ -43,20 +50,6 @@ USES = (
     "print(x, sum(data), double(21), p.norm(), counts['l'], alias is shared, "
     "json.dumps([1]), 'conn' in globals(), 'worker' in globals())"
 )
-
-
-async def suspend_via_api(server: Server, kernel_id: str) -> None:
-    await server.request("POST", f"/api/sandbox/kernels/{kernel_id}/suspend", expect=200)
-
-    async def released() -> bool:
-        plane = LocalControlPlane()
-        try:
-            claims = await plane.list_claims({"jupyter-sandbox/kernel-id": kernel_id})
-        finally:
-            await plane.close()
-        return claims[0].phase == "Suspended"
-
-    await wait_for(released, 60)
 
 
 async def test_variables_functions_classes_and_imports_survive_a_suspend(tmp_path: Path) -> None:

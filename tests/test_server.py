@@ -10,17 +10,9 @@ import pytest
 
 from jupyter_sandbox.control_plane.local.client import LocalControlPlane
 
-from .helpers import KernelSocket, jupyter_server, start_kernel, wait_for
+from .helpers import KernelSocket, claims_for, jupyter_server, start_kernel, wait_for
 
 pytestmark = pytest.mark.usefixtures("warm_daemon")
-
-
-async def claims_for(kernel_id: str) -> list:
-    plane = LocalControlPlane()
-    try:
-        return await plane.list_claims({"jupyter-sandbox/kernel-id": kernel_id})
-    finally:
-        await plane.close()
 
 
 async def test_execute_rich_output_stdin_buffers(tmp_path: Path) -> None:

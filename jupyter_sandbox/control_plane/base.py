@@ -129,6 +129,10 @@ class ClaimRequest:
     name: str | None = None
     # Seconds the claim outlives a dead owner before it is released (None: the backend's).
     orphan_grace: float | None = None
+    # The notebook's directory: the kernel works there (when the pool mounts it).
+    files_dir: str | None = None
+    # Only inherited, not asked for: a directory that may not be mounted is skipped.
+    files_optional: bool = False
 
 
 @dataclass

@@ -80,8 +80,13 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
             kernelspec_env=(self.kernel_spec.env or {}).keys() if self.kernel_spec else (),
             allow=self.env_allowlist,
         )
-        # The notebook's local directory means nothing inside the sandbox.
-        kwargs.pop("cwd", None)
+        # The notebook's directory: the pool decides whether the sandbox sees it.
+        files_dir = kwargs.pop("cwd", None)
+        inherited = False
+        if files_dir is None and getattr(getattr(km, "parent", None), "root_dir", None) is None:
+            # Outside a Jupyter server (nbclient, papermill --cwd, jupyter console) a
+            # kernel works where its client does, as a local kernel would.
+            files_dir, inherited = os.getcwd(), True
         # A restarted server re-attaching passes the claim its kernel already has.
         existing_claim = kwargs.pop("sandbox_claim", None)
         if self._session is None:
@@ -104,6 +109,8 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
                 claim_timeout=self.claim_timeout,
                 claim_name=existing_claim,
                 orphan_grace=self.orphan_grace,
+                files_dir=os.path.abspath(files_dir) if files_dir else None,
+                files_optional=inherited,
             )
             try:
                 await background().run(self._session.start())

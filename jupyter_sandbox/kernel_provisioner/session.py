@@ -56,8 +56,12 @@ class SandboxSession:
         claim_timeout: float,
         claim_name: str | None = None,
         orphan_grace: float | None = None,
+        files_dir: str | None = None,
+        files_optional: bool = False,
     ) -> None:
         self.plane = plane
+        self.files_dir = files_dir
+        self.files_optional = files_optional
         self.pool = pool
         self.labels = labels
         self.env = env
@@ -96,6 +100,8 @@ class SandboxSession:
                     env=self.env,
                     owner_pid=self.owner_pid,
                     orphan_grace=self.orphan_grace,
+                    files_dir=self.files_dir,
+                    files_optional=self.files_optional,
                 )
             )
             self.claim_name = status.name

@@ -36,6 +36,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--ip", default="0.0.0.0", help="address for --port")
     parser.add_argument("--workspace", default=os.environ.get("SANDBOX_BASE_DIR", "/workspace"))
     parser.add_argument("--runtime-dir", default=None, help="where kernel IPC sockets live")
+    parser.add_argument(
+        "--kernel-cwd",
+        default=None,
+        help="the kernel's working directory (the notebook's; default: the workspace)",
+    )
     parser.add_argument("--kernel-name", default="python3")
     parser.add_argument("--no-kernel", action="store_true", help="do not pre-start the kernel")
     parser.add_argument("--max-upload-bytes", type=int, default=DEFAULT_MAX_BODY)
@@ -57,7 +62,11 @@ async def serve(args: argparse.Namespace) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SANDBOX_RUNTIME_")}
     env.setdefault("HOME", workspace)
     state = RuntimeState(
-        workspace=workspace, runtime_dir=runtime_dir, kernel_name=args.kernel_name, env=env
+        workspace=workspace,
+        runtime_dir=runtime_dir,
+        kernel_name=args.kernel_name,
+        env=env,
+        kernel_cwd=args.kernel_cwd,
     )
     app = make_app(state, max_upload_bytes=args.max_upload_bytes)
     # Uploads stream and enforce their own bound; other bodies are small JSON.

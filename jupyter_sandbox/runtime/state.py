@@ -15,7 +15,13 @@ STATE_DIR = ".sandbox-state"
 
 class RuntimeState:
     def __init__(
-        self, *, workspace: str, runtime_dir: str, kernel_name: str, env: dict[str, str]
+        self,
+        *,
+        workspace: str,
+        runtime_dir: str,
+        kernel_name: str,
+        env: dict[str, str],
+        kernel_cwd: str | None = None,
     ) -> None:
         self.workspace = workspace
         # Saved kernel variables wait here, in the workspace, for the next runtime.
@@ -25,7 +31,7 @@ class RuntimeState:
         self.command_env = dict(env)
         self.kernel = KernelHost(
             kernel_name=kernel_name,
-            cwd=workspace,
+            cwd=kernel_cwd or workspace,
             runtime_dir=runtime_dir,
             env=env,
             on_message=self.hub.publish,

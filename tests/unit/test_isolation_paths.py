@@ -63,3 +63,76 @@ def test_nested_paths_collapse_to_the_outermost(
     monkeypatch.setattr(isolation, "installation_paths", lambda: [str(inner), str(outer)])
     monkeypatch.setattr(isolation, "package_dir", lambda: str(inner))
     assert python_paths(None, home=str(tree / "home" / "alice")) == [str(outer)]
+
+
+@pytest.mark.parametrize(
+    ("notebooks", "refused"),
+    [
+        ("home/alice/projects/demo", None),  # a project directory
+        ("srv", None),  # outside the home
+        ("home/alice", "it is your home directory"),
+        ("home", "it contains your home directory"),
+        ("", "it contains your home directory"),  # a parent of the home
+        ("home/alice/.local/share/jupyter", "overlaps the sandbox daemon's state"),
+        ("home/alice/.local/share/jupyter/sandbox/workspaces", "overlaps the sandbox daemon's"),
+        ("opt/py/lib", "inside the Python installation"),
+        ("home/alice/nowhere", "does not exist"),
+    ],
+)
+def test_notebook_directories_are_refused_when_they_expose_the_user(
+    monkeypatch: pytest.MonkeyPatch, tree: Path, notebooks: str, refused: str | None
+) -> None:
+    (tree / "home/alice/projects/demo").mkdir(parents=True)
+    (tree / "home/alice/.local/share/jupyter/sandbox/workspaces").mkdir()
+    (tree / "opt/py/lib").mkdir()
+    monkeypatch.setattr(isolation, "installation_paths", lambda: [str(tree / "opt/py")])
+    home = str(tree / "home" / "alice")
+    state = tree / "home" / "alice" / ".local" / "share" / "jupyter" / "sandbox"
+    path = str(tree / notebooks) if notebooks else str(tree)
+    if refused is None:
+        assert isolation.check_files_dir(path, state, home) == os.path.realpath(path)
+    else:
+        with pytest.raises(UnsafeMount, match=refused):
+            isolation.check_files_dir(path, state, home)
+
+
+@pytest.mark.parametrize("path", ["relative/dir", "", None, 7, "/", "/usr/share"])
+def test_notebook_directories_that_are_no_place_for_a_sandbox(path: object) -> None:
+    with pytest.raises(UnsafeMount):
+        isolation.check_files_dir(path)
+
+
+def test_a_symlink_to_the_home_directory_is_refused_as_the_home(tree: Path) -> None:
+    home = tree / "home" / "alice"
+    (tree / "srv" / "link").symlink_to(home)
+    with pytest.raises(UnsafeMount, match="your home directory"):
+        isolation.check_files_dir(str(tree / "srv" / "link"), None, str(home))
+
+
+def test_the_notebook_directory_is_bound_under_the_installation_and_git_stays_read_only(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / ".git").mkdir()
+    args = isolation.bwrap_command(
+        workspace="/ws",
+        runtime_dir="/rt",
+        inner=["true"],
+        env={},
+        confinement=isolation.Confinement(files_dir=str(tmp_path)),
+    )
+    bind = args.index("--bind", 0)
+    assert args[bind : bind + 3] == ["--bind", str(tmp_path), str(tmp_path)]
+    git = str(tmp_path / ".git")
+    assert args[args.index(git) - 1] == "--ro-bind"
+    first_install = min(args.index(p) for p in isolation.python_paths())
+    assert bind < first_install, "the installation is bound on top of the notebook directory"
+    read_only = isolation.bwrap_command(
+        workspace="/ws",
+        runtime_dir="/rt",
+        inner=["true"],
+        env={},
+        confinement=isolation.Confinement(files_dir=str(tmp_path), files_read_only=True),
+    )
+    assert ["--ro-bind", str(tmp_path), str(tmp_path)] == read_only[
+        read_only.index(str(tmp_path)) - 1 : read_only.index(str(tmp_path)) + 2
+    ]

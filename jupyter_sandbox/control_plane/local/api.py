@@ -135,7 +135,16 @@ class ClaimsHandler(Handler):
 
     def post(self) -> None:
         body = self.body()
-        unknown = set(body) - {"pool", "labels", "env", "owner_pid", "name", "orphan_grace"}
+        unknown = set(body) - {
+            "pool",
+            "labels",
+            "env",
+            "owner_pid",
+            "name",
+            "orphan_grace",
+            "files_dir",
+            "files_optional",
+        }
         if unknown:
             raise InvalidRequest(f"unknown claim fields: {', '.join(sorted(unknown))}")
         if not isinstance(body.get("pool"), str):
@@ -147,6 +156,8 @@ class ClaimsHandler(Handler):
             owner_pid=body.get("owner_pid"),
             name=body.get("name"),
             orphan_grace=body.get("orphan_grace"),
+            files_dir=body.get("files_dir"),
+            files_optional=body.get("files_optional") is True,
         )
         claim = self.controller.create_claim(request)
         self.set_status(201)

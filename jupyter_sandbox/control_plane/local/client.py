@@ -205,6 +205,9 @@ class LocalControlPlane(ControlPlane):
             body["orphan_grace"] = request.orphan_grace
         if request.name:
             body["name"] = request.name
+        if request.files_dir:
+            body["files_dir"] = request.files_dir
+            body["files_optional"] = request.files_optional
         return ClaimStatus.from_json(await self._call("POST", "/api/claims", body))
 
     async def wait_ready(self, name: str, timeout: float) -> ClaimStatus:

@@ -31,10 +31,12 @@ from ..base import (
     PoolNotFound,
 )
 from .cgroups import CgroupError, CgroupLimits, SandboxCgroup
-from .isolation import Isolation
+from .isolation import Isolation, UnsafeMount, check_files_dir
 from .liveness import PERIOD_SECONDS as LIVENESS_PERIOD
 from .liveness import LivenessProbe
 from .model import (
+    FILES_NONE,
+    FILES_READ_ONLY,
     NAMESPACE,
     Claim,
     PoolSpec,
@@ -155,11 +157,21 @@ class LocalController:
             owner_start = _start_time(request.owner_pid)
             if owner_start is None:
                 raise InvalidRequest(f"owner process {request.owner_pid} is not running")
+        files_dir = ""
+        pool = self.store.pools[request.pool]
+        if request.files_dir is not None and pool.files != FILES_NONE:
+            try:
+                files_dir = check_files_dir(request.files_dir, self.base)
+            except UnsafeMount as exc:
+                if not request.files_optional:
+                    raise InvalidRequest(str(exc)) from None
+                log.info("claim %s works in /workspace: %s", name, exc)
         claim = Claim(
             name=name,
             pool=request.pool,
             labels=labels,
             env=env,
+            files_dir=files_dir,
             owner_pid=request.owner_pid,
             owner_start=owner_start,
             orphan_grace=request.orphan_grace,
@@ -238,6 +250,8 @@ class LocalController:
                 "cpu_seconds": pool.cpu_seconds if pool else None,
                 "restarts": sandbox.restarts if sandbox else 0,
                 "owner_pid": claim.owner_pid,
+                "files_dir": claim.files_dir or None,
+                "files_read_only": bool(sandbox and sandbox.files_read_only),
             },
         }
 
@@ -369,9 +383,11 @@ class LocalController:
         if pool is None:
             claim.phase, claim.message = Phase.FAILED, f"pool {claim.pool!r} was deleted"
             return
+        # A sandbox's environment and mounts are fixed when it starts: a claim that
+        # brings its own gets a sandbox started for it.
         candidates = (
             []
-            if claim.env
+            if claim.env or claim.files_dir
             else [s for s in self.store.sandboxes.values() if s.owner == f"pool/{pool.name}"]
         )
         ready = [s for s in candidates if s.ready]
@@ -383,6 +399,8 @@ class LocalController:
             claim.message = "claimed a warm sandbox" if pick.ready else "waiting for the pool"
         else:
             sandbox = self._new_sandbox(pool, owner=f"claim/{claim.name}", env=claim.env)
+            sandbox.files_dir = claim.files_dir
+            sandbox.files_read_only = pool.files == FILES_READ_ONLY
             claim.sandbox = sandbox.name
             claim.warm = False
             claim.message = "cold start: no warm sandbox in the pool"
@@ -495,6 +513,8 @@ class LocalController:
             ),
             tmp_bytes=pool.tmp_bytes(),
             cgroup=self._cgroup(sandbox.name, pool),
+            files_dir=Path(sandbox.files_dir) if sandbox.files_dir else None,
+            files_read_only=sandbox.files_read_only,
         )
         if spec.cgroup is None and pool.max_processes:
             # RLIMIT_NPROC counts every process and thread of the user, not the

@@ -179,6 +179,45 @@ def _refuse_unsafe(path: str, home: str, state: str | None) -> None:
         )
 
 
+def check_files_dir(
+    path: object, state_dir: str | os.PathLike[str] | None = None, home: str | None = None
+) -> str:
+    """The notebook directory a sandbox may see, resolved; UnsafeMount when it may not.
+
+    Never the filesystem root, the home directory or one of its parents (the whole
+    home, keys included, would be in the sandbox), anything that overlaps the
+    daemon's state directory (the router's secret, the other sandboxes), a system
+    directory, or a directory inside the Python installation the sandboxes share.
+    """
+    if not isinstance(path, str) or not os.path.isabs(path):
+        raise UnsafeMount(f"the notebook directory must be an absolute path, not {path!r}")
+    real = os.path.realpath(path)
+    if not os.path.isdir(real):
+        raise UnsafeMount(f"the notebook directory {path} does not exist")
+    home = os.path.realpath(home or os.path.expanduser("~"))
+    state = os.path.realpath(state_dir) if state_dir is not None else None
+    reason = ""
+    if real == "/":
+        reason = "it is the root of the filesystem"
+    elif real == home:
+        reason = "it is your home directory"
+    elif _contains(real, home):
+        reason = f"it contains your home directory {home}"
+    elif state is not None and (_contains(real, state) or _contains(state, real)):
+        reason = f"it overlaps the sandbox daemon's state directory {state}"
+    elif any(_contains(system, real) for system in SYSTEM_DIRS):
+        reason = "it is a system directory"
+    elif any(_contains(os.path.realpath(p), real) for p in installation_paths()):
+        reason = "it is inside the Python installation the sandboxes share"
+    if reason:
+        raise UnsafeMount(
+            f"a sandbox cannot work in {real}: {reason}. Keep notebooks in a project "
+            "directory of their own (for example ~/notebooks), or use a pool created "
+            "with --files none."
+        )
+    return real
+
+
 def package_parent() -> str | None:
     """The directory to put on the sandbox's PYTHONPATH when the package is not installed
     into the interpreter's site directories (an editable install or a source checkout)."""
@@ -198,6 +237,8 @@ class Confinement:
     # until the daemon has attached user-mode networking to its namespace.
     netns_args: tuple[str, ...] = ()
     resolv_conf: str | None = None  # replaces /etc/resolv.conf (a resolver reachable inside)
+    files_dir: str | None = None  # the notebook's directory, bound at its own path
+    files_read_only: bool = False
 
 
 def bwrap_command(
@@ -249,6 +290,14 @@ def bwrap_command(
     if c.tmp_bytes:
         args += ["--size", str(c.tmp_bytes)]
     args += ["--perms", "1777", "--tmpfs", "/tmp", "--dir", "/run"]
+    # The notebook's directory goes in before the Python installation, so a
+    # virtualenv kept inside a project stays read-only on top of it.
+    if c.files_dir:
+        args += ["--ro-bind" if c.files_read_only else "--bind", c.files_dir, c.files_dir]
+        # Hooks written into a repository would run on the host at the next git command.
+        git = os.path.join(c.files_dir, ".git")
+        if not c.files_read_only and os.path.isdir(git) and not os.path.islink(git):
+            args += ["--ro-bind", git, git]
     for path in python_paths(c.state_dir):
         args += ["--ro-bind", path, path]
     args += [

@@ -48,6 +48,12 @@ def random_suffix(length: int = 5) -> str:
     return "".join(secrets.choice(alphabet) for _ in range(length))
 
 
+FILES_READ_WRITE = "rw"
+FILES_READ_ONLY = "ro"
+FILES_NONE = "none"
+FILES_MODES = (FILES_READ_WRITE, FILES_READ_ONLY, FILES_NONE)
+
+
 @dataclass
 class PoolSpec:
     """A SandboxTemplate and a SandboxWarmPool in one: what to start and how many to keep warm."""
@@ -67,6 +73,8 @@ class PoolSpec:
     state_max_mb: int = 1024  # ... unless they take more than this
     state_timeout: float = 60.0  # ... or longer than this to save
     env: dict[str, str] = field(default_factory=dict)
+    # The notebook's directory in the sandbox: read-write, read-only, or not at all.
+    files: str = FILES_READ_WRITE
 
     @classmethod
     def from_json(cls, name: str, body: dict[str, Any]) -> PoolSpec:
@@ -104,6 +112,8 @@ class PoolSpec:
             isinstance(k, str) and isinstance(v, str) for k, v in spec.env.items()
         ):
             raise InvalidRequest("env must be an object of strings")
+        if spec.files not in FILES_MODES:
+            raise InvalidRequest(f"files must be one of: {', '.join(FILES_MODES)}")
         for attr in ("network", "keep_workspace", "save_state"):
             if not isinstance(getattr(spec, attr), bool):
                 raise InvalidRequest(f"{attr} must be true or false")
@@ -132,6 +142,8 @@ class Sandbox:
     created: float = field(default_factory=time.time)
     pid: int | None = None  # last known process, to reap it after a daemon crash
     saved_state: str = ""  # what the last suspend kept of the kernel's variables
+    files_dir: str = ""  # the notebook's directory, bound at the same path ("": none)
+    files_read_only: bool = False
     # Observed, not persisted as truth:
     ready: bool = False
     restarts: int = 0
@@ -149,6 +161,7 @@ class Claim:
     owner_pid: int | None = None
     owner_start: float | None = None
     orphan_grace: float | None = None
+    files_dir: str = ""  # the notebook's directory, checked ("": the kernel works in /workspace)
     sandbox: str | None = None
     warm: bool | None = None
     suspended: bool = False  # desired

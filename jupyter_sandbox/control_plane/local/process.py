@@ -69,6 +69,8 @@ class LaunchSpec:
     limits: Limits = field(default_factory=Limits)
     tmp_bytes: int | None = None
     cgroup: SandboxCgroup | None = None
+    files_dir: Path | None = None  # the notebook's directory: the kernel's working directory
+    files_read_only: bool = False
 
 
 def sandbox_env(spec: LaunchSpec, isolation: Isolation) -> dict[str, str]:
@@ -231,6 +233,8 @@ class SandboxProcess:
             "--ready-fd",
             str(ready_fd),
         ]
+        if spec.files_dir is not None:
+            inner += ["--kernel-cwd", str(spec.files_dir)]
         if not isolated:
             (spec.runtime_dir / "tmp").mkdir(exist_ok=True)
             return inner, env
@@ -245,6 +249,8 @@ class SandboxProcess:
                 seccomp_fd=seccomp_fd,
                 netns_args=tuple(netns_args),
                 resolv_conf=self._resolv_conf() if netns_args else None,
+                files_dir=str(spec.files_dir) if spec.files_dir is not None else None,
+                files_read_only=spec.files_read_only,
             ),
         )
         return argv, {"PATH": env["PATH"]}
