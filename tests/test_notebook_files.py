@@ -85,7 +85,7 @@ async def test_a_notebook_kernel_works_in_the_notebook_directory(
             # Suspend and resume: the directory is bound again for the new process.
             await suspend_via_api(server, kernel_id)
             again = await ws.execute("print(open('data.csv').read().count('\\n'))")
-            assert again.stdout.strip().splitlines()[-1] == "3"
+            assert "3" in again.stdout.splitlines(), again.stdout  # beside the resume notice
         finally:
             ws.close()
         await server.request("DELETE", f"/api/kernels/{kernel_id}", expect=204)

@@ -33,7 +33,11 @@ BASE_ENV = {
     "TERM": "xterm-256color",
     "PYTHONUNBUFFERED": "1",
     "MPLBACKEND": "module://matplotlib_inline.backend_inline",
+    "PIP_DISABLE_PIP_VERSION_CHECK": "1",
 }
+# Where ``%pip install`` puts packages: in the workspace, so they stay across a
+# suspend, never in the shared (read-only) environment.
+PACKAGES_DIR = ".local/packages"
 
 
 @dataclass
@@ -83,9 +87,12 @@ def sandbox_env(spec: LaunchSpec, isolation: Isolation) -> dict[str, str]:
     env["SANDBOX_BASE_DIR"] = home
     env["JUPYTER_SANDBOX_NAME"] = spec.name
     env["TMPDIR"] = "/tmp" if isolation.isolated else str(spec.runtime_dir / "tmp")
+    packages = os.path.join(home, PACKAGES_DIR)
+    env["PIP_TARGET"] = packages
+    env["PATH"] += f":{packages}/bin"
     parent = package_parent()
-    if parent is not None:  # an editable install: only the package directory is bound
-        env["PYTHONPATH"] = parent
+    # An editable install binds only the package directory: it goes on the path too.
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (parent, packages) if p)
     env.update(spec.env)
     return env
 
@@ -128,6 +135,8 @@ class SandboxProcess:
         spec = self.spec
         private_dir(spec.workspace)
         private_dir(spec.runtime_dir)
+        # Present from the start, so packages installed later import without a restart.
+        (spec.workspace / PACKAGES_DIR).mkdir(parents=True, exist_ok=True)
         env = sandbox_env(spec, self.isolation)
         shake = NetnsHandshake() if self._wants_user_network() else None
         listener = self._bind_listener()
