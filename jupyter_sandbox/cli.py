@@ -47,6 +47,15 @@ def _print(data: Any, as_json: bool, table: Callable[[Any], None]) -> None:
 # -- lab -----------------------------------------------------------------------
 
 
+# Idle kernels are suspended (their variables and files kept), so culling them
+# costs the user little: with tabs open too, after an hour.
+LAB_CULLING = {
+    "cull_idle_timeout": 3600,
+    "cull_interval": 300,
+    "cull_connected": True,
+}
+
+
 def cmd_lab(args: argparse.Namespace) -> int:
     from .kernelspec import install_kernelspec
 
@@ -54,8 +63,19 @@ def cmd_lab(args: argparse.Namespace) -> int:
         plane = _plane()
         info = await plane.ensure_daemon()
         pools = await plane.list_pools()
+        print(
+            f"jupyter-sandbox: daemon {info.get('pid')} (state in {info.get('state_dir')}), "
+            f"router {info.get('router_url')}"
+        )
+        print(f"  isolation: {info.get('isolation')}: {info.get('isolation_detail')}")
+        if info.get("limits"):
+            print(f"  limits: {info['limits']}")
         for pool in pools:
-            install_kernelspec(pool.name, display_name=pool.display_name or None)
+            path = install_kernelspec(pool.name, display_name=pool.display_name or None)
+            print(
+                f"  pool {pool.name}: {pool.ready}/{pool.replicas} warm; "
+                f"kernelspec sandbox-{pool.name} in {path}"
+            )
         if info.get("isolation") == "none":
             print(
                 f"WARNING: sandboxes are not isolated: {info.get('isolation_detail')}",
@@ -68,11 +88,26 @@ def cmd_lab(args: argparse.Namespace) -> int:
 
     if _run(prepare()) != 0:
         return 2
+    given = " ".join(args.lab_args)
+    culling = [
+        f"--MappingKernelManager.{name}={value}"
+        for name, value in LAB_CULLING.items()
+        if f"MappingKernelManager.{name}" not in given
+    ]
+    if culling:
+        print(
+            "  culling: idle kernels are suspended after "
+            f"{LAB_CULLING['cull_idle_timeout'] // 60} min, open tabs or not; files and "
+            "variables are kept and the next run resumes them "
+            "(change with --MappingKernelManager.cull_idle_timeout=SECONDS, 0 to turn off)"
+        )
+    sys.stdout.flush()
     argv = [
         sys.executable,
         "-m",
         "jupyterlab",
         f"--ServerApp.kernel_manager_class={MANAGER_CLASS}",
+        *culling,
         *args.lab_args,
     ]
     os.execv(sys.executable, argv)

@@ -1,20 +1,17 @@
 """Kernel WebSocket connections that resume a suspended sandbox before talking to it.
 
-jupyter_server's connection set-up (kernel_info, then the iopub "nudge") swallows
-the iopub messages exchanged on the way, so a status sent by the bridge while it
-resumes would never reach a browser that has just connected. This connection
-resumes first and, once the socket is live, tells the browser the kernel is new.
-
-On a connection that is already live when the sandbox resumes (a cell run in a
-notebook whose sandbox was suspended), the bridge's iopub ``restarting`` status
-is not relayed: JupyterLab takes it for an automatic restart after a crash, says
-the kernel "appears to have died" and cancels the very execution that triggered
-the resume. The user is told in words instead, in the output of that execution.
+JupyterLab takes an iopub ``restarting`` status for an automatic restart after
+a crash: it says the kernel "appears to have died", drops its pending requests
+and reconnects. So no resume is ever announced that way. A connection opened to
+a suspended sandbox (a notebook reopened or reloaded after a cull) resumes it
+before jupyter_server's set-up (kernel_info, then the iopub "nudge"); on a
+connection that is already live, the request that arrives resumes it and the
+bridge's ``restarting`` status is swallowed. Either way the user is told in
+words, on stdout, in the output of the first execution after the resume.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import Any
 
@@ -46,7 +43,7 @@ def resumed_notice(kernel: dict[str, Any]) -> str:
 
 
 class SandboxWebsocketConnection(ZMQChannelsWebsocketConnection):  # type: ignore[misc]
-    _announce_restart = False
+    _resumed_before_open = False
     _resume_request: dict[str, Any] | None = None
     _notice_parent: dict[str, Any] | None = None
 
@@ -61,25 +58,20 @@ class SandboxWebsocketConnection(ZMQChannelsWebsocketConnection):  # type: ignor
             session = provisioner.session
             if session is not None and session.suspended:
                 await provisioner.resume()
-                self._announce_restart = True
+                self._resumed_before_open = True
         await super().prepare()
-
-    def connect(self) -> asyncio.Future[None] | None:  # type: ignore[override]
-        future: Any = super().connect()
-        if self._announce_restart and future is not None:
-            self._announce_restart = False
-
-            def announce(_: Any) -> None:
-                self._send_status_message("restarting")
-
-            future.add_done_callback(announce)
-        return future  # type: ignore[no-any-return]
 
     # -- a live connection whose sandbox resumes ---------------------------------
 
     def handle_incoming_message(self, incoming_msg: Any) -> None:
         provisioner = self.sandbox_provisioner
         session = provisioner.session if provisioner is not None else None
+        if self._resumed_before_open and session is not None:
+            channel, header = self._peek_incoming(incoming_msg)
+            if channel == "shell" and header.get("msg_type") == "execute_request":
+                self._resumed_before_open = False
+                notice = {"name": "stdout", "text": resumed_notice(session.kernel)}
+                self._send_iopub("stream", notice, header)
         if session is not None and session.suspended and self.channels:
             channel, header = self._peek_incoming(incoming_msg)
             if channel in ("shell", "control") and header.get("msg_type") not in (

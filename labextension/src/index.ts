@@ -145,6 +145,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
           return;
         }
         try {
+          suspendedByUser.add(kernelId); // its own toast below; no second one
           const entry = await suspendKernel(kernelId);
           events.updateKernel(entry);
           Notification.info(
@@ -269,6 +270,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
 
     // -- claim progress and errors, in words -------------------------------
     watchStarts(events, specs);
+    watchSuspensions(events, sessionPath);
 
     // -- launcher: sandboxed kernels in their own sections ------------------
     if (launcher) {
@@ -276,6 +278,43 @@ const plugin: JupyterFrontEndPlugin<void> = {
     }
   }
 };
+
+/** Kernels the user suspended by command (that command says so itself). */
+const suspendedByUser = new Set<string>();
+
+/** Say when a sandbox was suspended behind the user's back (an idle cull). */
+function watchSuspensions(
+  events: SandboxEvents,
+  sessionPath: (kernelId: string) => string | null
+): void {
+  const suspended = new Map<string, boolean>();
+  events.changed.connect((_, snapshot: ISnapshot) => {
+    const present = new Set<string>();
+    for (const kernel of snapshot.kernels) {
+      present.add(kernel.id);
+      const now = !!kernel.sandbox.suspended;
+      const before = suspended.get(kernel.id);
+      suspended.set(kernel.id, now);
+      if (!now) {
+        suspendedByUser.delete(kernel.id);
+        continue;
+      }
+      if (before === false && !suspendedByUser.has(kernel.id)) {
+        const what = sessionPath(kernel.id) ?? kernel.name;
+        Notification.info(
+          `${what}: its sandbox was suspended while idle. Files are kept; the next run ` +
+            'resumes it with its variables.',
+          { autoClose: 8000 }
+        );
+      }
+    }
+    for (const id of Array.from(suspended.keys())) {
+      if (!present.has(id)) {
+        suspended.delete(id);
+      }
+    }
+  });
+}
 
 /** Tell the user what a starting kernel waits for, and why a start failed. */
 function watchStarts(events: SandboxEvents, specs: () => KernelSpec.ISpecModels | null): void {

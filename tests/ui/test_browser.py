@@ -62,7 +62,7 @@ class Lab:
 
 
 @contextmanager
-def jupyterlab(tmp_path: Path) -> Iterator[Lab]:
+def jupyterlab(tmp_path: Path, *extra: str) -> Iterator[Lab]:
     port = free_port()
     token = uuid.uuid4().hex
     root = tmp_path / "notebooks"
@@ -101,6 +101,7 @@ def jupyterlab(tmp_path: Path) -> Iterator[Lab]:
                 f"--ServerApp.kernel_manager_class={MANAGER}",
                 "--LabApp.news_url=",
                 "--allow-root",
+                *extra,
             ],
             stdout=handle,
             stderr=subprocess.STDOUT,
@@ -160,7 +161,7 @@ def run_cell(page: Any, code: str, expect: str) -> None:
 
 
 @contextmanager
-def lab_in_browser(tmp_path: Path) -> Iterator[tuple[Lab, Any, Path]]:
+def lab_in_browser(tmp_path: Path, *extra: str) -> Iterator[tuple[Lab, Any, Path]]:
     """JupyterLab and a chromium page on it: (lab, page, screenshots directory).
 
     A failure inside leaves a screenshot, the browser console and the server log;
@@ -173,7 +174,7 @@ def lab_in_browser(tmp_path: Path) -> Iterator[tuple[Lab, Any, Path]]:
 
     shots = tmp_path / "screenshots"
     shots.mkdir()
-    with jupyterlab(tmp_path) as lab, sync_playwright() as pw:
+    with jupyterlab(tmp_path, *extra) as lab, sync_playwright() as pw:
         context = pw.chromium.launch_persistent_context(
             str(tmp_path / "chromium-profile"),
             executable_path=CHROMIUM,
@@ -250,7 +251,9 @@ def test_notebook_in_a_sandbox_suspend_and_resume(tmp_path: Path) -> None:
         notice = page.locator(".jp-OutputArea-output", has_text="Resumed after suspension")
         notice.wait_for()
         assert "restored 1 variable" in notice.inner_text(), notice.inner_text()
-        assert page.locator(".jp-OutputArea-output", has_text="back in /workspace 42").count()
+        # The kernel works in the notebook's own directory.
+        back = f"back in {lab.root.resolve()} 42"
+        assert page.locator(".jp-OutputArea-output", has_text=back).count()
         assert page.locator(".jp-Dialog", has_text="appears to have died").count() == 0
         expect(status).to_have_attribute("data-sandbox-state", "idle")
         sandbox_panel.locator(".jp-SandboxPanel-kernel[data-sandbox-state='idle']").wait_for()
@@ -297,6 +300,44 @@ def _in_order(states: list[str], wanted: list[str]) -> bool:
         if position < len(wanted) and state == wanted[position]:
             position += 1
     return position == len(wanted)
+
+
+def test_a_culled_notebook_reopens_without_a_crash_dialog(tmp_path: Path) -> None:
+    from playwright.sync_api import expect
+
+    culling = (
+        "--MappingKernelManager.cull_idle_timeout=6",
+        "--MappingKernelManager.cull_interval=1",
+        "--MappingKernelManager.cull_connected=True",
+    )
+    with lab_in_browser(tmp_path, *culling) as (lab, page, shots):
+        (lab.root / "data.csv").write_text("a\n20\n")
+        page.goto(f"{lab.url}/lab?token={lab.token}")
+        section = page.locator(".jp-Launcher-section", has_text="Sandboxed notebooks")
+        section.locator(".jp-LauncherCard", has_text=KERNEL_DISPLAY).click()
+        status = page.locator(".jp-SandboxStatus")
+        expect(status).to_have_attribute("data-sandbox-state", "idle", timeout=TIMEOUT_MS)
+        run_cell(page, "x = int(open('data.csv').read().split()[1]); print('read', x)", "read 20")
+
+        # With the tab open, the idle kernel is culled: suspended, and a toast says so.
+        expect(status).to_have_attribute("data-sandbox-state", "suspended", timeout=60_000)
+        toast = page.locator(".Toastify__toast", has_text="suspended while idle")
+        toast.wait_for(timeout=TIMEOUT_MS)
+        page.screenshot(path=str(shots / "10-culled-with-tab-open.png"))
+
+        # Reload: the notebook reconnects to the suspended kernel, which resumes;
+        # no "kernel appears to have died" dialog, the variables are back.
+        page.reload()
+        page.locator(".jp-NotebookPanel .jp-Cell").first.wait_for(timeout=TIMEOUT_MS)
+        run_cell(page, "print('doubled', x * 2)", "doubled 40")
+        notice = page.locator(".jp-OutputArea-output", has_text="Resumed after suspension")
+        notice.wait_for()
+        assert "restored" in notice.inner_text(), notice.inner_text()
+        assert page.locator(".jp-Dialog", has_text="appears to have died").count() == 0
+        assert page.locator(".jp-Dialog").count() == 0, page.locator(".jp-Dialog").inner_text()
+        # The notice is output, not an error box.
+        assert notice.get_attribute("data-mime-type") == "application/vnd.jupyter.stdout"
+        page.screenshot(path=str(shots / "11-reopened-after-cull.png"))
 
 
 def test_a_failed_claim_is_explained(tmp_path: Path) -> None:
