@@ -28,16 +28,20 @@ async def local_figures(args: argparse.Namespace) -> list[Figure]:
 
     prefix = tempfile.mkdtemp(prefix="bench-kernels-")
     install_kernelspec("bench", prefix=prefix, name=kernels.SANDBOX)
+    install_kernelspec("bench-files", prefix=prefix, name=kernels.SANDBOX_FILES)
     os.environ["JUPYTER_PATH"] = os.pathsep.join(
         [os.path.join(prefix, "share", "jupyter"), *filter(None, [os.environ.get("JUPYTER_PATH")])]
     )
     plane = LocalControlPlane()
     await plane.ensure_daemon()
-    await plane.apply_pool("bench", {"replicas": 2})
+    # Kernels started here pass no notebook directory: the warm pool's figures.
+    await plane.apply_pool("bench", {"replicas": 2, "files": "none"})
+    await plane.apply_pool("bench-files", {"replicas": 0})
     figures: list[Figure] = []
     try:
         await kernels.wait_pool_warm(plane, "bench")
         figures.append(await kernels.start_to_ready(plane, args.reps))
+        figures.append(await kernels.start_in_notebook_dir(args.reps))
         figures.append(await kernels.execute_round_trip(plane, args.round_trips))
         figures += await kernels.output_throughput(plane, args.megabytes, max(1, args.reps // 3))
         figures.append(await kernels.resume_vs_cold(plane, max(1, args.reps // 2)))
@@ -47,6 +51,7 @@ async def local_figures(args: argparse.Namespace) -> list[Figure]:
         figures.append(await kernels.idle_memory(plane))
     finally:
         await plane.delete_pool("bench")
+        await plane.delete_pool("bench-files")
         if args.own_daemon:
             await plane.stop_daemon()
         await plane.close()

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from queue import Empty
@@ -21,6 +22,7 @@ from jupyter_sandbox.control_plane.local.client import LocalControlPlane
 from .stats import Figure, Series
 
 SANDBOX = "sandbox-bench"
+SANDBOX_FILES = "sandbox-bench-files"  # binds the notebook's directory: a sandbox per kernel
 PLAIN = "python3"
 
 
@@ -35,7 +37,9 @@ async def wait_pool_warm(plane: LocalControlPlane, pool: str, timeout: float = 1
         await asyncio.sleep(0.1)
 
 
-async def start_ready(kernel_name: str) -> tuple[float, AsyncKernelManager, Any]:
+async def start_ready(
+    kernel_name: str, cwd: str | None = None
+) -> tuple[float, AsyncKernelManager, Any]:
     """Seconds from start_kernel to the first kernel_info reply (the kernel answers).
 
     Not to the return of ``wait_for_ready``: after the reply that also waits for
@@ -46,7 +50,7 @@ async def start_ready(kernel_name: str) -> tuple[float, AsyncKernelManager, Any]
     """
     km = AsyncKernelManager(kernel_name=kernel_name)
     started = time.perf_counter()
-    await km.start_kernel()
+    await km.start_kernel(**({"cwd": cwd} if cwd else {}))
     kc = km.client()
     kc.start_channels()
     deadline = started + 120
@@ -82,6 +86,21 @@ async def start_to_ready(plane: LocalControlPlane, reps: int) -> Figure:
         plain.values.append(seconds)
         await stop(km, kc)
     return Figure("kernel start-to-ready (local)", sandbox, plain, "sandbox <= 0.2x")
+
+
+async def start_in_notebook_dir(reps: int) -> Figure:
+    """A notebook's kernel: its directory bound, so a sandbox started for it (no warm one)."""
+    sandbox = Series("sandbox, notebook directory bound", "s")
+    plain = Series("plain ipykernel", "s")
+    with tempfile.TemporaryDirectory(prefix="bench-notebooks-") as folder:
+        for _ in range(reps):
+            seconds, km, kc = await start_ready(SANDBOX_FILES, cwd=folder)
+            sandbox.values.append(seconds)
+            await stop(km, kc)
+            seconds, km, kc = await start_ready(PLAIN, cwd=folder)
+            plain.values.append(seconds)
+            await stop(km, kc)
+    return Figure("kernel start-to-ready in a notebook directory (local)", sandbox, plain, "")
 
 
 async def round_trips(kc: Any, reps: int) -> list[float]:

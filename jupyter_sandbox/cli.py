@@ -120,6 +120,13 @@ def cmd_lab(args: argparse.Namespace) -> int:
 def cmd_install_kernelspec(args: argparse.Namespace) -> int:
     from .kernelspec import install_kernelspec
 
+    if args.backend == "kubernetes" and not (args.namespace and args.router_url):
+        print(
+            "error: a Kubernetes kernelspec needs --namespace (where the pool's "
+            "SandboxWarmPool is) and --router-url (how this server reaches the router)",
+            file=sys.stderr,
+        )
+        return 2
     options: dict[str, Any] = {}
     if args.namespace:
         options["namespace"] = args.namespace
@@ -160,6 +167,28 @@ async def _local_pool_exists(pool: str) -> int:
         await plane.close()
 
 
+def cmd_uninstall_kernelspec(args: argparse.Namespace) -> int:
+    from .kernelspec import kernelspec_name
+
+    name = args.name or kernelspec_name(args.pool)
+    removed = _remove_kernelspec(name)
+    if not removed:
+        print(f"error: no kernelspec {name!r} is installed", file=sys.stderr)
+        return 2
+    print(f"removed kernelspec {name} from {removed}")
+    return 0
+
+
+def _remove_kernelspec(name: str) -> str | None:
+    """Remove an installed kernelspec; its directory, or None when there was none."""
+    from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+
+    try:
+        return str(KernelSpecManager().remove_kernel_spec(name))
+    except (NoSuchKernel, KeyError):  # jupyter_client raises KeyError for an unknown name
+        return None
+
+
 # -- pools -------------------------------------------------------------------------
 
 
@@ -188,8 +217,13 @@ def cmd_pool(args: argparse.Namespace) -> int:
                     install_kernelspec(args.name, display_name=args.display_name)
                 _print(result, args.json, lambda r: print(f"pool {args.name} applied"))
             elif args.pool_cmd == "delete":
+                from .kernelspec import kernelspec_name
+
                 await plane.delete_pool(args.name)
                 print(f"pool {args.name} deleted")
+                removed = _remove_kernelspec(kernelspec_name(args.name))
+                if removed:
+                    print(f"kernelspec {kernelspec_name(args.name)} removed from {removed}")
         finally:
             await plane.close()
         return 0
@@ -308,9 +342,21 @@ def _table(rows: list[dict[str, Any]], columns: list[str]) -> None:
         print("  ".join(str(row.get(c)).ljust(widths[c]) for c in columns))
 
 
+DESCRIPTION = (
+    "JupyterLab with kernels in sandboxes: local warm pools, claims and kernelspecs. "
+    "Start with 'jupyter-sandbox lab'."
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="jupyter-sandbox", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(prog="jupyter-sandbox", description=DESCRIPTION)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    # --json is accepted before or after the subcommand (`pool --json list`,
+    # `pool list --json`); the leaf's copy sets nothing unless given.
+    as_json = argparse.ArgumentParser(add_help=False)
+    as_json.add_argument(
+        "--json", action="store_true", default=argparse.SUPPRESS, help="print JSON"
+    )
 
     lab = sub.add_parser("lab", help="start JupyterLab with sandboxed kernels (local backend)")
     lab.add_argument("lab_args", nargs=argparse.REMAINDER, help="arguments for jupyter lab")
@@ -328,21 +374,32 @@ def build_parser() -> argparse.ArgumentParser:
     where.add_argument("--prefix", help="install under this prefix (default: sys.prefix)")
     ks.set_defaults(func=cmd_install_kernelspec)
 
+    unks = sub.add_parser("uninstall-kernelspec", help="remove the kernelspec of a pool")
+    unks.add_argument("--pool", default="default")
+    unks.add_argument("--name", help="kernelspec name (default sandbox-<pool>)")
+    unks.set_defaults(func=cmd_uninstall_kernelspec)
+
     pool = sub.add_parser("pool", help="list, create or delete local warm pools")
-    pool.add_argument("--json", action="store_true")
-    pool_sub = pool.add_subparsers(dest="pool_cmd", required=True)
-    pool_sub.add_parser("list")
-    create = pool_sub.add_parser("create")
-    create.add_argument("name")
-    create.add_argument("--replicas", type=int, default=2)
-    create.add_argument("--no-network", action="store_true")
+    pool.add_argument("--json", action="store_true", help="print JSON")
+    pool_sub = pool.add_subparsers(dest="pool_cmd", required=True, metavar="ACTION")
+    pool_sub.add_parser("list", parents=[as_json], help="pools and their warm sandboxes")
+    create = pool_sub.add_parser(
+        "create", parents=[as_json], help="create a pool, or change an existing one"
+    )
+    create.add_argument("name", help="the pool's name (its kernelspec is sandbox-NAME)")
+    create.add_argument(
+        "--replicas", type=int, default=2, help="warm sandboxes to keep ready (default 2)"
+    )
+    create.add_argument(
+        "--no-network", action="store_true", help="loopback only: no network at all"
+    )
     create.add_argument(
         "--memory-mb", type=int, help="memory limit, /tmp included (a cgroup where available)"
     )
     create.add_argument("--max-processes", type=int, help="process limit (default 1024)")
     create.add_argument("--cpus", type=float, help="CPU quota in cores (a cgroup)")
     create.add_argument("--tmp-mb", type=int, help="size of the private /tmp (default 1024)")
-    create.add_argument("--display-name")
+    create.add_argument("--display-name", help="the kernel's name in JupyterLab's launcher")
     create.add_argument(
         "--files",
         choices=("rw", "ro", "none"),
@@ -356,23 +413,29 @@ def build_parser() -> argparse.ArgumentParser:
         help="keep a claim's workspace directory after it is released",
     )
     create.add_argument("--kernelspec", action="store_true", help="also install its kernelspec")
-    delete = pool_sub.add_parser("delete")
+    delete = pool_sub.add_parser(
+        "delete", parents=[as_json], help="delete a pool, its warm sandboxes and its kernelspec"
+    )
     delete.add_argument("name")
     pool.set_defaults(func=cmd_pool)
 
     claims = sub.add_parser("claims", help="list, suspend, resume or release local claims")
-    claims.add_argument("--json", action="store_true")
-    claims_sub = claims.add_subparsers(dest="claims_cmd", required=True)
-    claims_sub.add_parser("list")
-    for action in ("release", "suspend", "resume"):
-        claims_sub.add_parser(action).add_argument("name")
+    claims.add_argument("--json", action="store_true", help="print JSON")
+    claims_sub = claims.add_subparsers(dest="claims_cmd", required=True, metavar="ACTION")
+    claims_sub.add_parser("list", parents=[as_json], help="claims and their sandboxes")
+    for action, text in (
+        ("release", "delete a claim and its sandbox (its kernel dies)"),
+        ("suspend", "stop a claim's sandbox, keeping its workspace and variables"),
+        ("resume", "start a suspended claim's sandbox again"),
+    ):
+        claims_sub.add_parser(action, parents=[as_json], help=text).add_argument("name")
     claims.set_defaults(func=cmd_claims)
 
     daemon = sub.add_parser("daemon", help="the local sandbox daemon")
-    daemon_sub = daemon.add_subparsers(dest="daemon_cmd", required=True)
-    daemon_sub.add_parser("start")
-    daemon_sub.add_parser("stop")
-    daemon_sub.add_parser("status")
+    daemon_sub = daemon.add_subparsers(dest="daemon_cmd", required=True, metavar="ACTION")
+    daemon_sub.add_parser("start", help="start it (it also starts on first use)")
+    daemon_sub.add_parser("stop", help="stop it and every sandbox")
+    daemon_sub.add_parser("status", help="whether it runs, and how it isolates")
     run = daemon_sub.add_parser("run", help="run in the foreground")
     run.add_argument("daemon_args", nargs=argparse.REMAINDER)
     daemon.set_defaults(func=cmd_daemon)

@@ -140,6 +140,105 @@ async def test_jupyter_sandbox_lab_serves_sandboxed_kernels(tmp_path: Path) -> N
         # suspend/resume exist only with the culling-aware kernel manager `lab` selects
         await server.request("POST", f"/api/sandbox/kernels/{kernel_id}/suspend", expect=200)
         await server.request("DELETE", f"/api/kernels/{kernel_id}", expect=204)
+        # It says what it set up, culling included, and its culling defaults apply.
+        said = log.read_text()
+        for words in ("jupyter-sandbox: daemon", "isolation:", "pool default:", "culling:"):
+            assert words in said, said[:3000]
+        assert "suspended after 60 min, open tabs or not" in said
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+def test_help_is_plain_text_with_help_for_each_command() -> None:
+    result = cli("--help")
+    assert result.returncode == 0
+    assert "``" not in result.stdout and "uninstall-kernelspec" in result.stdout
+    for argv in (["pool", "create", "--help"], ["claims", "--help"], ["daemon", "--help"]):
+        shown = cli(*argv).stdout
+        assert "help" in shown and "``" not in shown, shown
+    create_help = " ".join(cli("pool", "create", "-h").stdout.split())
+    assert "read-write (default), read-only, or not at all" in create_help
+
+
+def test_a_kubernetes_kernelspec_without_its_namespace_and_router_is_refused(
+    tmp_path: Path,
+) -> None:
+    result = cli("install-kernelspec", "--backend", "kubernetes", "--prefix", str(tmp_path))
+    assert result.returncode == 2
+    assert "needs --namespace" in result.stderr and "--router-url" in result.stderr
+    assert not list(tmp_path.rglob("kernel.json")), "nothing half-installed"
+
+
+@pytest.mark.usefixtures("warm_daemon")
+def test_json_goes_before_or_after_the_subcommand_and_pool_delete_takes_its_kernelspec(
+    tmp_path: Path,
+) -> None:
+    import json
+
+    for argv in (["pool", "list", "--json"], ["pool", "--json", "list"]):
+        result = cli(*argv)
+        assert result.returncode == 0, result.stderr
+        assert "default" in [p["name"] for p in json.loads(result.stdout)]
+    assert json.loads(cli("claims", "list", "--json").stdout) is not None
+
+    created = cli("pool", "create", "cli-gone", "--replicas", "0", "--files", "ro", "--kernelspec")
+    assert created.returncode == 0, created.stderr
+    specs = cli_specs()
+    assert "sandbox-cli-gone" in specs
+    deleted = cli("pool", "delete", "cli-gone")
+    assert deleted.returncode == 0, deleted.stderr
+    assert "kernelspec sandbox-cli-gone removed" in deleted.stdout
+    assert "sandbox-cli-gone" not in cli_specs()
+    missing = cli("uninstall-kernelspec", "--pool", "cli-gone")
+    assert missing.returncode == 2 and "no kernelspec 'sandbox-cli-gone'" in missing.stderr
+
+
+def cli_specs() -> list[str]:
+    listed = subprocess.run(
+        [sys.executable, "-m", "jupyter", "kernelspec", "list", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    import json
+
+    return list(json.loads(listed.stdout)["kernelspecs"])
+
+
+def test_daemon_stop_leaves_no_warm_workspaces_behind(tmp_path: Path) -> None:
+    import json
+    import os
+    import time
+
+    env = {
+        **os.environ,
+        "JUPYTER_SANDBOX_HOME": str(tmp_path / "home"),
+        "JUPYTER_SANDBOX_DEFAULT_REPLICAS": "1",
+    }
+
+    def run(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "jupyter_sandbox.cli", *argv],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=env,
+        )
+
+    assert run("daemon", "start").returncode == 0
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            pools = json.loads(run("pool", "list", "--json").stdout)
+            if pools and pools[0]["ready"] == 1:
+                break
+            assert time.monotonic() < deadline, pools
+            time.sleep(0.5)
+        workspaces = tmp_path / "home" / "workspaces"
+        assert len(list(workspaces.iterdir())) == 1
+    finally:
+        stopped = run("daemon", "stop")
+    assert stopped.returncode == 0, stopped.stderr
+    assert list(workspaces.iterdir()) == [], "warm workspaces are removed with the daemon"

@@ -68,7 +68,11 @@ async def test_variables_functions_classes_and_imports_survive_a_suspend(tmp_pat
         try:
             result = await ws.execute(USES, timeout=120)
             assert result.status == "ok", result.reply
-            assert result.stdout.strip() == "42 499500 42 5.0 2 True [1] False False"
+            notice, answer = result.stdout.strip().splitlines()
+            assert answer == "42 499500 42 5.0 2 True [1] False False"
+            # A new connection to a resumed kernel is told so in the first output.
+            assert notice.startswith("[sandbox] Resumed after suspension"), notice
+            assert "restored 13 variables; not restored: conn (socket), worker (thread)" in notice
             # The prompt numbers go on from where they were.
             assert result.reply["execution_count"] == count_before + 1
         finally:

@@ -125,6 +125,12 @@ async def test_claims_validate_their_input(plane: LocalControlPlane) -> None:
         ClaimRequest(pool="default", env={"A=B": "x"}),
         ClaimRequest(pool="default", owner_pid=2**30),
         ClaimRequest(pool="default", name="UPPER"),
+        # A caller of the daemon's API may ask for any directory: these never bind.
+        ClaimRequest(pool="default", files_dir="/"),
+        ClaimRequest(pool="default", files_dir=str(Path.home())),
+        ClaimRequest(pool="default", files_dir=str(HOME / "workspaces")),
+        ClaimRequest(pool="default", files_dir="relative/path"),
+        ClaimRequest(pool="default", files_dir="/usr/lib"),
     ]:
         with pytest.raises(InvalidRequest):
             await plane.claim(bad)
@@ -139,6 +145,7 @@ async def test_pools_validate_their_input(plane: LocalControlPlane) -> None:
         ("ok-name", {"memory_mb": 0}),
         ("Bad_Name", {"replicas": 1}),
         ("ok-name", {"network": "yes"}),
+        ("ok-name", {"files": "rwx"}),
     ]:
         with pytest.raises(InvalidRequest):
             await plane.apply_pool(name, spec)

@@ -10,7 +10,14 @@ import pytest
 
 from jupyter_sandbox.control_plane.local.client import LocalControlPlane
 
-from .helpers import KernelSocket, claims_for, jupyter_server, start_kernel, wait_for
+from .helpers import (
+    KernelSocket,
+    claims_for,
+    jupyter_server,
+    start_kernel,
+    suspend_via_api,
+    wait_for,
+)
 
 pytestmark = pytest.mark.usefixtures("warm_daemon")
 
@@ -170,6 +177,17 @@ async def test_shutdown_of_a_suspended_kernel_does_not_resume_it(tmp_path: Path)
         await server.request("DELETE", f"/api/kernels/{kernel_id}", expect=204)
         assert time.monotonic() - started < 5
         assert await claims_for(kernel_id) == []
+
+
+async def test_stopping_the_server_does_not_resume_suspended_kernels(tmp_path: Path) -> None:
+    with jupyter_server(tmp_path) as server:
+        kernel_id = await start_kernel(server)
+        await suspend_via_api(server, kernel_id)
+    # The server stopped (SIGTERM): it released the claim without resuming it first.
+    assert await claims_for(kernel_id) == []
+    log = server.log_text()
+    for sign in ("Traceback", "ClaimNotFound", "resuming claim"):
+        assert sign not in log, log[-3000:]
 
 
 async def test_unknown_pool_is_a_clear_error_and_leaks_nothing(tmp_path: Path) -> None:

@@ -272,9 +272,15 @@ class SandboxSession:
         self.progress.set("ready", "resumed: the kernel is new, the workspace is kept")
 
     async def _on_client_request(self, channel: str, head: dict[str, Any]) -> bool:
-        """Resume on the first request after a suspension; a shutdown needs no resume."""
+        """Resume on the first request after a suspension; a shutdown needs no resume.
+
+        Nor does an interrupt: nothing runs in a suspended sandbox, and
+        jupyter_client interrupts every kernel it shuts down (a server stopping).
+        """
         if not self.suspended:
             return True
+        if head.get("msg_type") == "interrupt_request":
+            return False
         if head.get("msg_type") == "shutdown_request":
             self.exit_code = 0
             return False

@@ -59,6 +59,10 @@ export interface IActiveKernel {
  * Status bar item for the active notebook: pool, sandbox, state, isolation.
  * Hidden when the notebook's kernel is not sandboxed.
  */
+
+/** JupyterLab's display statuses of a notebook whose kernel is being started. */
+const KERNEL_COMING = new Set(['initializing', 'starting', 'restarting', 'autorestarting']);
+
 export class SandboxStatus extends Widget {
   constructor(
     private _events: SandboxEvents,
@@ -90,7 +94,14 @@ export class SandboxStatus extends Widget {
     const specInfo = sandboxSpecInfo(spec ?? undefined);
     const entry: IKernelEntry | undefined = this._events.kernel(active?.id);
     this.node.textContent = '';
-    if (!active || (!specInfo && !entry)) {
+    const starting = this._events.snapshot.starting.find(
+      s => (active?.id && s.id === active.id) || (!entry && s.name === active?.name)
+    );
+    // No kernel, none on its way and no failure to explain (say, after "Shut Down
+    // Kernel"): nothing to show.
+    const noKernel =
+      !entry && !active?.id && !starting && !KERNEL_COMING.has(active?.status ?? '');
+    if (!active || (!specInfo && !entry) || noKernel) {
       this._state = 'none';
       this.node.setAttribute('data-sandbox-state', 'none');
       this.node.title = '';
@@ -101,9 +112,6 @@ export class SandboxStatus extends Widget {
     const sandbox = entry?.sandbox;
     let state: SandboxState = sandboxState(sandbox, active.status);
     let detail = sandbox?.progress?.detail ?? '';
-    const starting = this._events.snapshot.starting.find(
-      s => (active.id && s.id === active.id) || (!entry && s.name === active.name)
-    );
     if (!entry && starting?.state === 'starting') {
       state = sandboxState(starting.sandbox, 'starting');
       detail = progressText(starting);

@@ -1,8 +1,9 @@
 """A notebook kernel in a real sandbox pod: the provisioner with the Kubernetes
 backend claims from a warm pool of real runtime pods (our operator), kernel
 traffic goes through the real router (resolving pod IPs from the API) to the
-runtime in the pod; suspend deletes the pod and keeps the PVC, resume brings a
-new pod on the same PVC (a file the kernel wrote is still there), shutdown
+runtime in the pod; suspend saves the kernel's variables to the PVC, deletes the
+pod and keeps the PVC, resume brings a new pod on the same PVC (a file the kernel
+wrote and the variables are back), shutdown
 deletes claim, sandbox, pod and service.  Then nbclient runs a notebook the same
 way."""
 
@@ -84,6 +85,8 @@ async def test_kernel_in_real_pod_through_router(kube, warm_pool, kernelspecs):
             "(socket.gethostname(), os.getuid(), os.getcwd())",
         )
         assert data["text/plain"] == repr((sandbox, 1000, "/workspace"))
+        # variables too: saved to the PVC before the pod goes, loaded by the next one
+        await _execute(kc, "y = 41; squares = {i: i * i for i in range(5)}; 'defined'")
 
         # suspend (what the culler does): pod deleted, PVC kept
         t1 = time.perf_counter()
@@ -100,6 +103,8 @@ async def test_kernel_in_real_pod_through_router(kube, warm_pool, kernelspecs):
         data = await _execute(kc, "open('/workspace/nb.txt').read()")
         resume_s = time.perf_counter() - t2
         assert data["text/plain"] == repr("from the notebook")
+        data = await _execute(kc, "(y + 1, squares[4])")
+        assert data["text/plain"] == repr((42, 16)), "the variables came back in the new pod"
         new = sandbox_pod(kube, sandbox)
         assert new is not None and new.metadata.uid != pod.metadata.uid
     finally:

@@ -339,6 +339,18 @@ def test_a_culled_notebook_reopens_without_a_crash_dialog(tmp_path: Path) -> Non
         assert notice.get_attribute("data-mime-type") == "application/vnd.jupyter.stdout"
         page.screenshot(path=str(shots / "11-reopened-after-cull.png"))
 
+        # "Shut Down Kernel": the status bar no longer says anything (it used to
+        # stay on "claiming…" forever).
+        page.locator(".lm-MenuBar-itemLabel", has_text="Kernel").click()
+        page.locator(".lm-Menu-itemLabel", has_text="Shut Down Kernel").first.click()
+        confirm = page.locator(".jp-Dialog button", has_text="Shut Down")
+        if confirm.count():
+            confirm.first.click()
+        expect(status).to_have_attribute("data-sandbox-state", "none", timeout=TIMEOUT_MS)
+        page.wait_for_timeout(2000)  # and stays so
+        assert status.get_attribute("data-sandbox-state") == "none"
+        page.screenshot(path=str(shots / "12-kernel-shut-down.png"))
+
 
 def test_a_failed_claim_is_explained(tmp_path: Path) -> None:
     """Pool not found: the status bar and a notification say so, and what to do."""

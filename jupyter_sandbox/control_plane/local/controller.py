@@ -633,6 +633,12 @@ class LocalController:
         pending = [*self._deleting, *self._suspending.values()]
         if pending:
             await asyncio.gather(*pending, return_exceptions=True)
+        # Unclaimed sandboxes would be wiped at the next start anyway: leave no
+        # workspaces behind. Claims keep theirs, for the next daemon.
+        for sandbox in list(self.store.sandboxes.values()):
+            if sandbox.owner.startswith("pool/"):
+                self._wipe(sandbox)
+                del self.store.sandboxes[sandbox.name]
         self.runtime_calls.close()
         self.store.save()
 
