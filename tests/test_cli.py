@@ -13,12 +13,15 @@ from tornado import httpclient
 from .helpers import Server, free_port, start_kernel, wait_for
 
 
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
+def cli(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "jupyter_sandbox.cli", *args],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=timeout,
+        env=env,
     )
 
 
@@ -72,14 +75,7 @@ def test_commands_about_a_daemon_that_is_not_running_do_not_start_one(
 ) -> None:
     import os
 
-    env = {**os.environ, "JUPYTER_SANDBOX_HOME": str(tmp_path / "none")}
-    result = subprocess.run(
-        [sys.executable, "-m", "jupyter_sandbox.cli", *argv],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=env,
-    )
+    result = cli(*argv, env={**os.environ, "JUPYTER_SANDBOX_HOME": str(tmp_path / "none")})
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == said
     assert not (tmp_path / "none" / "daemon.sock").exists(), "no daemon may be started"
@@ -219,13 +215,7 @@ def test_daemon_stop_leaves_no_warm_workspaces_behind(tmp_path: Path) -> None:
     }
 
     def run(*argv: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "jupyter_sandbox.cli", *argv],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            env=env,
-        )
+        return cli(*argv, env=env, timeout=120)
 
     assert run("daemon", "start").returncode == 0
     try:
