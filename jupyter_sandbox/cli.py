@@ -57,7 +57,7 @@ LAB_CULLING = {
 
 
 def cmd_lab(args: argparse.Namespace) -> int:
-    from .kernelspec import install_kernelspec
+    from .kernelspec import install_kernelspec, kernelspec_name
 
     async def prepare() -> int:
         plane = _plane()
@@ -74,7 +74,7 @@ def cmd_lab(args: argparse.Namespace) -> int:
             path = install_kernelspec(pool.name, display_name=pool.display_name or None)
             print(
                 f"  pool {pool.name}: {pool.ready}/{pool.replicas} warm; "
-                f"kernelspec sandbox-{pool.name} in {path}"
+                f"kernelspec {kernelspec_name(pool.name)} in {path}"
             )
         if info.get("isolation") == "none":
             print(
@@ -221,9 +221,10 @@ def cmd_pool(args: argparse.Namespace) -> int:
 
                 await plane.delete_pool(args.name)
                 print(f"pool {args.name} deleted")
-                removed = _remove_kernelspec(kernelspec_name(args.name))
+                spec_name = kernelspec_name(args.name)
+                removed = _remove_kernelspec(spec_name)
                 if removed:
-                    print(f"kernelspec {kernelspec_name(args.name)} removed from {removed}")
+                    print(f"kernelspec {spec_name} removed from {removed}")
         finally:
             await plane.close()
         return 0

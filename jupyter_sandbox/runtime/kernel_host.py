@@ -244,7 +244,7 @@ class KernelHost:
         except ValueError:
             log.warning("dropping malformed message on %s", channel)
             return
-        self._observe(channel, parts)
+        status = self._observe(channel, parts)
         parent = parent_msg_id(parts)
         internal = self._internal.get(parent) if parent is not None else None
         if internal is None:
@@ -253,17 +253,20 @@ class KernelHost:
         # Answers to the runtime's own requests, late ones included, reach no client.
         if channel == "shell":
             _resolve(internal.reply, parts)
-        elif channel == "iopub" and _is_idle_status(parts):
+        elif status == "idle":
             _resolve(internal.idle, None)
 
-    def _observe(self, channel: str, parts: list[bytes | memoryview]) -> None:
+    def _observe(self, channel: str, parts: list[bytes | memoryview]) -> str | None:
+        """Note the kernel's activity; a status message's execution state, else None."""
         self.state.last_activity = time.time()
-        if channel == "iopub" and b'"status"' in bytes(parts[0][:400]):
-            try:
-                content = json.loads(bytes(parts[3]))
-                self.state.execution_state = str(content.get("execution_state", "idle"))
-            except ValueError:
-                pass
+        if channel != "iopub" or b'"status"' not in bytes(parts[0][:400]):
+            return None
+        try:
+            content = json.loads(bytes(parts[3]))
+            self.state.execution_state = str(content.get("execution_state", "idle"))
+        except (ValueError, AttributeError):
+            return None
+        return self.state.execution_state
 
     def send(self, channel: str, parts: list[bytes]) -> None:
         """Sign parts with the kernel's key and send them on a request channel."""
@@ -374,15 +377,6 @@ def _resolve(future: asyncio.Future[Any], value: Any) -> None:
     # A timed-out request's future is already cancelled when its answer comes.
     if not future.done():
         future.set_result(value)
-
-
-def _is_idle_status(parts: list[bytes | memoryview]) -> bool:
-    if b'"status"' not in bytes(parts[0][:400]):
-        return False
-    try:
-        return bool(json.loads(bytes(parts[3])).get("execution_state") == "idle")
-    except (ValueError, AttributeError):
-        return False
 
 
 class KernelStateError(RuntimeError):

@@ -70,8 +70,7 @@ class SandboxWebsocketConnection(ZMQChannelsWebsocketConnection):  # type: ignor
             channel, header = self._peek_incoming(incoming_msg)
             if channel == "shell" and header.get("msg_type") == "execute_request":
                 self._resumed_before_open = False
-                notice = {"name": "stdout", "text": resumed_notice(session.kernel)}
-                self._send_iopub("stream", notice, header)
+                self._send_resume_notice(session.kernel, header)
         if session is not None and session.suspended and self.channels:
             channel, header = self._peek_incoming(incoming_msg)
             if channel in ("shell", "control") and header.get("msg_type") not in (
@@ -93,11 +92,14 @@ class SandboxWebsocketConnection(ZMQChannelsWebsocketConnection):  # type: ignor
             provisioner = self.sandbox_provisioner
             session = provisioner.session if provisioner is not None else None
             kernel = session.kernel if session is not None else {}
-            # stdout: this is news, not an error (stderr renders as a red box).
-            notice = {"name": "stdout", "text": resumed_notice(kernel)}
-            self._send_iopub("stream", notice, self._notice_parent)
+            self._send_resume_notice(kernel, self._notice_parent)
             self._notice_parent = None
         super().handle_outgoing_message(stream, outgoing_msg)
+
+    def _send_resume_notice(self, kernel: dict[str, Any], parent: dict[str, Any]) -> None:
+        # stdout: this is news, not an error (stderr renders as a red box).
+        notice = {"name": "stdout", "text": resumed_notice(kernel)}
+        self._send_iopub("stream", notice, parent)
 
     def _peek_incoming(self, incoming_msg: Any) -> tuple[str | None, dict[str, Any]]:
         try:

@@ -398,9 +398,9 @@ class LocalController:
             claim.warm = pick.ready
             claim.message = "claimed a warm sandbox" if pick.ready else "waiting for the pool"
         else:
-            sandbox = self._new_sandbox(pool, owner=f"claim/{claim.name}", env=claim.env)
-            sandbox.files_dir = claim.files_dir
-            sandbox.files_read_only = pool.files == FILES_READ_ONLY
+            sandbox = self._new_sandbox(
+                pool, owner=f"claim/{claim.name}", env=claim.env, files_dir=claim.files_dir
+            )
             claim.sandbox = sandbox.name
             claim.warm = False
             claim.message = "cold start: no warm sandbox in the pool"
@@ -475,7 +475,12 @@ class LocalController:
     # -- sandbox lifecycle -----------------------------------------------
 
     def _new_sandbox(
-        self, pool: PoolSpec, *, owner: str, env: dict[str, str] | None = None
+        self,
+        pool: PoolSpec,
+        *,
+        owner: str,
+        env: dict[str, str] | None = None,
+        files_dir: str = "",
     ) -> Sandbox:
         name = f"{pool.name}-{random_suffix()}"
         while name in self.store.sandboxes:
@@ -487,6 +492,8 @@ class LocalController:
             env=dict(env or {}),
             workspace=str(self.base / "workspaces" / name),
             runtime_dir=str(runtime_dir(self.base, name)),
+            files_dir=files_dir,
+            files_read_only=bool(files_dir) and pool.files == FILES_READ_ONLY,
         )
         self.store.sandboxes[name] = sandbox
         self._touch("sandbox", name)

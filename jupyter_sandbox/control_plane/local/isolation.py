@@ -158,7 +158,12 @@ def python_paths(
         path = os.path.realpath(raw)
         if not os.path.isdir(path) or path.startswith(SYSTEM_DIRS):
             continue
-        _refuse_unsafe(path, home, state)
+        reason = _exposure(path, home, state)
+        if reason:
+            raise UnsafeMount(
+                f"refusing to expose {path} to sandboxes: {reason}. Install Python and "
+                "jupyter-sandbox in a directory of their own (for example a virtualenv)."
+            )
         if any(_contains(w, path) for w in wanted):
             continue
         wanted = [w for w in wanted if not _contains(path, w)]
@@ -166,17 +171,13 @@ def python_paths(
     return sorted(wanted)
 
 
-def _refuse_unsafe(path: str, home: str, state: str | None) -> None:
-    reason = ""
+def _exposure(path: str, home: str, state: str | None) -> str:
+    """Why binding ``path`` would expose the home or the daemon's state ("": it would not)."""
     if _contains(path, home):
-        reason = f"it contains your home directory {home}"
-    elif state is not None and (_contains(path, state) or _contains(state, path)):
-        reason = f"it overlaps the sandbox daemon's state directory {state}"
-    if reason:
-        raise UnsafeMount(
-            f"refusing to expose {path} to sandboxes: {reason}. Install Python and "
-            "jupyter-sandbox in a directory of their own (for example a virtualenv)."
-        )
+        return f"it contains your home directory {home}"
+    if state is not None and (_contains(path, state) or _contains(state, path)):
+        return f"it overlaps the sandbox daemon's state directory {state}"
+    return ""
 
 
 def check_files_dir(
@@ -196,19 +197,7 @@ def check_files_dir(
         raise UnsafeMount(f"the notebook directory {path} does not exist")
     home = os.path.realpath(home or os.path.expanduser("~"))
     state = os.path.realpath(state_dir) if state_dir is not None else None
-    reason = ""
-    if real == "/":
-        reason = "it is the root of the filesystem"
-    elif real == home:
-        reason = "it is your home directory"
-    elif _contains(real, home):
-        reason = f"it contains your home directory {home}"
-    elif state is not None and (_contains(real, state) or _contains(state, real)):
-        reason = f"it overlaps the sandbox daemon's state directory {state}"
-    elif any(_contains(system, real) for system in SYSTEM_DIRS):
-        reason = "it is a system directory"
-    elif any(_contains(os.path.realpath(p), real) for p in installation_paths()):
-        reason = "it is inside the Python installation the sandboxes share"
+    reason = _files_dir_refusal(real, home, state)
     if reason:
         raise UnsafeMount(
             f"a sandbox cannot work in {real}: {reason}. Keep notebooks in a project "
@@ -216,6 +205,21 @@ def check_files_dir(
             "with --files none."
         )
     return real
+
+
+def _files_dir_refusal(real: str, home: str, state: str | None) -> str:
+    if real == "/":
+        return "it is the root of the filesystem"
+    if real == home:
+        return "it is your home directory"
+    exposure = _exposure(real, home, state)
+    if exposure:
+        return exposure
+    if any(_contains(system, real) for system in SYSTEM_DIRS):
+        return "it is a system directory"
+    if any(_contains(os.path.realpath(p), real) for p in installation_paths()):
+        return "it is inside the Python installation the sandboxes share"
+    return ""
 
 
 def package_parent() -> str | None:
