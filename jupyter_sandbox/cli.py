@@ -67,9 +67,11 @@ def cmd_lab(args: argparse.Namespace) -> int:
             f"jupyter-sandbox: daemon {info.get('pid')} (state in {info.get('state_dir')}), "
             f"router {info.get('router_url')}"
         )
-        print(f"  isolation: {info.get('isolation')}: {info.get('isolation_detail')}")
+        kind, detail = str(info.get("isolation")), str(info.get("isolation_detail") or "")
+        # The detail usually names the kind itself ("bubblewrap: user, pid, ...").
+        print(f"  isolation: {detail if detail.startswith(kind) else f'{kind}: {detail}'}")
         if info.get("limits"):
-            print(f"  limits: {info['limits']}")
+            print(f"  {info['limits']}")  # "limits: ..."
         for pool in pools:
             path = install_kernelspec(pool.name, display_name=pool.display_name or None)
             print(
