@@ -316,7 +316,13 @@ function watchSuspensions(
   });
 }
 
-/** Tell the user what a starting kernel waits for, and why a start failed. */
+/**
+ * Tell the user what a starting kernel waits for, and why a start failed.
+ *
+ * An outcome replaces the progress notification rather than updating it: JupyterLab
+ * drops an update that arrives before the first toast is rendered, and a claim can
+ * fail within milliseconds of starting.
+ */
 function watchStarts(events: SandboxEvents, specs: () => KernelSpec.ISpecModels | null): void {
   const shown = new Map<string, string>(); // kernel id -> notification id
   const reported = new Set<string>();
@@ -364,10 +370,9 @@ function watchStarts(events: SandboxEvents, specs: () => KernelSpec.ISpecModels 
         ];
         if (id) {
           shown.delete(key);
-          Notification.update({ id, message, type: 'error', autoClose: false, actions });
-        } else {
-          Notification.error(message, { autoClose: false, actions });
+          Notification.dismiss(id);
         }
+        Notification.error(message, { autoClose: false, actions });
       }
     }
     for (const [key, id] of Array.from(shown.entries())) {
@@ -376,16 +381,12 @@ function watchStarts(events: SandboxEvents, specs: () => KernelSpec.ISpecModels 
       }
       shown.delete(key);
       const kernel = snapshot.kernels.find(k => k.id === key);
+      Notification.dismiss(id);
       if (kernel) {
         const how = kernel.sandbox.warm ? 'claimed warm' : 'cold start';
-        Notification.update({
-          id,
-          message: `Sandbox ${kernel.sandbox.sandbox} ready (${how}).`,
-          type: 'success',
+        Notification.success(`Sandbox ${kernel.sandbox.sandbox} ready (${how}).`, {
           autoClose: 3000
         });
-      } else {
-        Notification.dismiss(id);
       }
     }
   });

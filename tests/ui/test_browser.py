@@ -367,6 +367,8 @@ def test_a_failed_claim_is_explained(tmp_path: Path) -> None:
         toast.wait_for()
         text = toast.inner_text()
         assert "jupyter-sandbox pool create missing" in text, text
+        # The progress notification made way for the error rather than lingering.
+        expect(page.locator(".jp-Notification-Toast-in-progress")).to_have_count(0)
         page.screenshot(path=str(shots / "01-pool-not-found.png"))
         # JupyterLab's own "Error Starting Kernel" dialog (with the same message)
         # comes first, then its kernel selector: answer both, then ask for advice.
