@@ -195,13 +195,21 @@ async def test_unknown_pool_is_a_clear_error_and_leaks_nothing(tmp_path: Path) -
         before = await server.request("GET", "/api/kernels")
         response = await server.request("POST", "/api/kernels", {"name": "sandbox-missing"})
         assert isinstance(response, dict)
-        assert "missing" in str(response.get("message")) + str(response.get("reason"))
+        assert response.get("reason") == "PoolNotFound"
+        assert "jupyter-sandbox pool create missing" in str(response.get("message"))
         assert await server.request("GET", "/api/kernels") == before
         plane = LocalControlPlane()
         try:
             assert [c for c in await plane.list_claims() if c.pool == "missing"] == []
         finally:
             await plane.close()
+        # The log says it once, with what to do, and without a traceback.
+        log = server.log_text()
+        assert log.count("Sandbox kernel did not start: pool 'missing'") == 1, log[-3000:]
+        assert "create it with" in log
+        assert "Traceback" not in log, log[-3000:]
+    # The first SIGTERM stopped the server (SIGKILL after the grace period gives -9).
+    assert server.proc.returncode == 0, server.log_text()[-3000:]
 
 
 async def test_server_secrets_never_reach_the_sandbox(tmp_path: Path) -> None:

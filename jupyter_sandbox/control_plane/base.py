@@ -34,6 +34,10 @@ class ClaimError(Exception):
         self.message = message
         self.hint = hint
 
+    def __str__(self) -> str:
+        # The hint travels with the message: a traceback's last line says what to do.
+        return f"{self.message} ({self.hint})" if self.hint else self.message
+
     def to_json(self) -> dict[str, str]:
         return {"reason": self.reason, "message": self.message, "hint": self.hint}
 

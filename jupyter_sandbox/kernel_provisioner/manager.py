@@ -23,6 +23,7 @@ from ..control_plane.base import ClaimError, ClaimStatus
 from ..control_plane.factory import get_control_plane
 from ..kernelspec import PROVISIONER_NAME
 from ..utils.background import background
+from . import log_filter
 from .provisioner import (
     LABEL_KERNEL_ID,
     LABEL_KERNEL_NAME,
@@ -60,6 +61,7 @@ class SandboxKernelManager(AsyncMappingKernelManager):  # type: ignore[misc]
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._culling: set[str] = set()
+        log_filter.install(self.log)
         # Runs once the server's loop starts (the manager is built before it runs).
         IOLoop.current().add_callback(self._reattach_on_start)
 
@@ -130,8 +132,7 @@ class SandboxKernelManager(AsyncMappingKernelManager):  # type: ignore[misc]
             return await super().start_kernel(*args, **kwargs)  # type: ignore[no-any-return]
         except ClaimError as exc:
             # Tell the user what went wrong and what to do, not "Unhandled error".
-            message = exc.message + (f" ({exc.hint})" if exc.hint else "")
-            raise web.HTTPError(exc.status, message, reason=exc.reason) from exc
+            raise web.HTTPError(exc.status, str(exc), reason=exc.reason) from exc
 
     def sandbox_provisioner(self, kernel_id: str) -> SandboxProvisioner | None:
         kernel = self._kernels.get(kernel_id)
