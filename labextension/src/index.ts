@@ -10,7 +10,7 @@ import { ReadonlyPartialJSONObject } from '@lumino/coreutils';
 import { Widget } from '@lumino/widgets';
 
 import { kernelDetails, resumeKernel, SandboxEvents, suspendKernel } from './api';
-import { errorAdvice, errorText, ISnapshot, progressText, sandboxSpecInfo } from './model';
+import { ISnapshot, progressText, sandboxSpecInfo } from './model';
 import { detailsNode, IActiveKernel, SandboxPanel, SandboxStatus, sandboxIcon } from './widgets';
 
 import '../style/index.css';
@@ -317,7 +317,7 @@ function watchSuspensions(
 }
 
 /**
- * Tell the user what a starting kernel waits for, and why a start failed.
+ * Tell the user what a starting kernel waits for.
  *
  * An outcome replaces the progress notification rather than updating it: JupyterLab
  * drops an update that arrives before the first toast is rendered, and a claim can
@@ -325,8 +325,6 @@ function watchSuspensions(
  */
 function watchStarts(events: SandboxEvents, specs: () => KernelSpec.ISpecModels | null): void {
   const shown = new Map<string, string>(); // kernel id -> notification id
-  const reported = new Set<string>();
-  const since = Date.now() / 1000;
   const display = (name: string) => specs()?.kernelspecs[name]?.display_name ?? name;
   events.changed.connect((_, snapshot: ISnapshot) => {
     const live = new Set<string>();
@@ -341,39 +339,10 @@ function watchStarts(events: SandboxEvents, specs: () => KernelSpec.ISpecModels 
         } else {
           shown.set(key, Notification.emit(message, 'in-progress', { autoClose: false }));
         }
-      } else if (entry.error && !reported.has(key) && (entry.at ?? 0) >= since - 5) {
-        reported.add(key);
-        const id = shown.get(key);
-        const error = entry.error;
-        // Toasts cut long text: the server's message (which says what to do) comes
-        // first; the advice is one click away.
-        const message = `Sandbox kernel failed: ${errorText(error)}`;
-        const actions = [
-          {
-            label: 'What to do',
-            caption: 'Why the sandbox could not be claimed, and what to do',
-            callback: () => {
-              const body = document.createElement('div');
-              body.className = 'jp-SandboxAdvice';
-              const what = document.createElement('p');
-              what.textContent = `${display(entry.name)}: ${errorText(error)}`;
-              const advice = document.createElement('p');
-              advice.textContent = errorAdvice(error);
-              body.append(what, advice);
-              void showDialog({
-                title: 'The sandbox could not be claimed',
-                body: new Widget({ node: body }),
-                buttons: [Dialog.okButton({ label: 'Close' })]
-              });
-            }
-          }
-        ];
-        if (id) {
-          shown.delete(key);
-          Notification.dismiss(id);
-        }
-        Notification.error(message, { autoClose: false, actions });
       }
+      // A failed start needs no toast of its own: JupyterLab's "Error Starting Kernel"
+      // dialog shows the server's message (with its hint), and the status bar item
+      // turns red and gives the advice on a click. Its progress toast goes below.
     }
     for (const [key, id] of Array.from(shown.entries())) {
       if (live.has(key)) {

@@ -1,3 +1,4 @@
+import { Dialog, showDialog } from '@jupyterlab/apputils';
 import { KernelSpec } from '@jupyterlab/services';
 import { LabIcon } from '@jupyterlab/ui-components';
 import { Widget } from '@lumino/widgets';
@@ -7,6 +8,7 @@ import {
   errorAdvice,
   errorText,
   IKernelEntry,
+  IStartError,
   IPoolEntry,
   isolationInfo,
   ISnapshot,
@@ -72,6 +74,11 @@ export class SandboxStatus extends Widget {
     this.addClass('jp-SandboxStatus');
     this.node.setAttribute('data-sandbox-state', 'none');
     this._events.changed.connect(this.refresh, this);
+    this.node.addEventListener('click', () => {
+      if (this._failure) {
+        void showClaimAdvice(this._failure.name, this._failure.error);
+      }
+    });
   }
 
   setActive(active: IActiveKernel | null): void {
@@ -110,6 +117,7 @@ export class SandboxStatus extends Widget {
     }
     this.node.style.display = '';
     const sandbox = entry?.sandbox;
+    this._failure = null;
     let state: SandboxState = sandboxState(sandbox, active.status);
     let detail = sandbox?.progress?.detail ?? '';
     if (!entry && starting?.state === 'starting') {
@@ -117,7 +125,9 @@ export class SandboxStatus extends Widget {
       detail = progressText(starting);
     } else if (!entry && starting?.state === 'failed' && starting.error) {
       state = 'failed';
-      detail = `${errorText(starting.error)} ${errorAdvice(starting.error)}`;
+      detail = `${errorText(starting.error)} (click for what to do)`;
+      const name = this._specs()?.kernelspecs[starting.name]?.display_name ?? starting.name;
+      this._failure = { name, error: starting.error };
     } else if (!entry && !active.id) {
       state = 'claiming';
       detail = progressText({ pool: specInfo?.pool });
@@ -181,6 +191,22 @@ export class SandboxStatus extends Widget {
 
   private _active: IActiveKernel | null = null;
   private _state: SandboxState | 'none' = 'none';
+  private _failure: { name: string; error: Partial<IStartError> } | null = null;
+}
+
+/** Why a sandbox could not be claimed, and what the user can do about it. */
+export async function showClaimAdvice(name: string, error: Partial<IStartError>): Promise<void> {
+  const body = el(
+    'div',
+    { class: 'jp-SandboxAdvice' },
+    el('p', {}, `${name}: ${errorText(error)}`),
+    el('p', {}, errorAdvice(error))
+  );
+  await showDialog({
+    title: 'The sandbox could not be claimed',
+    body: new Widget({ node: body }),
+    buttons: [Dialog.okButton({ label: 'Close' })]
+  });
 }
 
 export interface IPanelActions {
