@@ -20,6 +20,9 @@ from dataclasses import dataclass
 
 WORKSPACE = "/workspace"
 RUNTIME_DIR = "/run/sandbox"
+# Where a pool's installed requirements appear, read-only.
+POOL_PACKAGES = "/run/pool-packages"
+POOLS_SUBDIR = "pools"
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 ETC_FILES = (
     "/etc/resolv.conf",
@@ -222,6 +225,35 @@ def _files_dir_refusal(real: str, home: str, state: str | None) -> str:
     return ""
 
 
+def check_pool_packages(path: str, state_dir: str | os.PathLike[str] | None) -> str:
+    """A pool's package directory, resolved; UnsafeMount unless it is exactly
+    ``<state>/pools/<pool>/<digest>``: the only part of the state directory a sandbox
+    may see, and only read-only."""
+    if state_dir is None or not os.path.isabs(path):
+        raise UnsafeMount(f"refusing to expose {path!r}: not a pool's package directory")
+    real = os.path.realpath(path)
+    pools = os.path.join(os.path.realpath(state_dir), POOLS_SUBDIR)
+    relative = os.path.relpath(real, pools)
+    parts = relative.split(os.sep)
+    if (
+        len(parts) != 2
+        or any(p in ("", ".", "..") or p.startswith(".") for p in parts)
+        or not os.path.isdir(real)
+    ):
+        raise UnsafeMount(f"refusing to expose {path}: not a pool's package directory")
+    return real
+
+
+def check_ro_file(path: str, state_dir: str | os.PathLike[str] | None) -> str:
+    """A single file (a CA bundle) to show read-only at its own path; UnsafeMount if not."""
+    real = os.path.realpath(path) if os.path.isabs(path) else ""
+    if not real or not os.path.isfile(real) or real.startswith(("/proc/", "/sys/", "/dev/")):
+        raise UnsafeMount(f"refusing to expose {path!r}: not a regular file")
+    if state_dir is not None and _contains(os.path.realpath(state_dir), real):
+        raise UnsafeMount(f"refusing to expose {path}: it is in the sandbox daemon's state")
+    return real
+
+
 def package_parent() -> str | None:
     """The directory to put on the sandbox's PYTHONPATH when the package is not installed
     into the interpreter's site directories (an editable install or a source checkout)."""
@@ -243,6 +275,8 @@ class Confinement:
     resolv_conf: str | None = None  # replaces /etc/resolv.conf (a resolver reachable inside)
     files_dir: str | None = None  # the notebook's directory, bound at its own path
     files_read_only: bool = False
+    pool_packages: str | None = None  # the pool's requirements, read-only at POOL_PACKAGES
+    ro_files: tuple[str, ...] = ()  # single files (CA bundles), read-only at their own path
 
 
 def bwrap_command(
@@ -304,6 +338,12 @@ def bwrap_command(
             args += ["--ro-bind", git, git]
     for path in python_paths(c.state_dir):
         args += ["--ro-bind", path, path]
+    if c.pool_packages:
+        args += ["--ro-bind", check_pool_packages(c.pool_packages, c.state_dir), POOL_PACKAGES]
+    for path in c.ro_files:
+        real = check_ro_file(path, c.state_dir)
+        if not any(_contains(shown, path) for shown in (*SYSTEM_DIRS, *ETC_FILES)):
+            args += ["--ro-bind", real, path]  # (system files are there already)
     args += [
         "--bind",
         workspace,

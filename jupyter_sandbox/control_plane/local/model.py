@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..base import InvalidRequest, Phase
+from .packages import check_requirements
 
 NAME = re.compile(r"^[a-z0-9](?:[-a-z0-9]{0,40}[a-z0-9])?$")
 LABEL_KEY = re.compile(r"^([a-z0-9.-]{1,253}/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
@@ -75,6 +76,10 @@ class PoolSpec:
     env: dict[str, str] = field(default_factory=dict)
     # The notebook's directory in the sandbox: read-write, read-only, or not at all.
     files: str = FILES_READ_WRITE
+    # Requirement lines the daemon installs once for the pool's sandboxes (read-only).
+    requirements: list[str] = field(default_factory=list)
+    # Forward the host pip's index, trusted hosts and CA bundle (never credentials).
+    pip_config: bool = True
 
     @classmethod
     def from_json(cls, name: str, body: dict[str, Any]) -> PoolSpec:
@@ -114,7 +119,8 @@ class PoolSpec:
             raise InvalidRequest("env must be an object of strings")
         if spec.files not in FILES_MODES:
             raise InvalidRequest(f"files must be one of: {', '.join(FILES_MODES)}")
-        for attr in ("network", "keep_workspace", "save_state"):
+        spec.requirements = check_requirements(spec.requirements)
+        for attr in ("network", "keep_workspace", "save_state", "pip_config"):
             if not isinstance(getattr(spec, attr), bool):
                 raise InvalidRequest(f"{attr} must be true or false")
         return spec
@@ -144,6 +150,7 @@ class Sandbox:
     saved_state: str = ""  # what the last suspend kept of the kernel's variables
     files_dir: str = ""  # the notebook's directory, bound at the same path ("": none)
     files_read_only: bool = False
+    pool_packages: str = ""  # the pool's installed requirements it was started with
     # Observed, not persisted as truth:
     ready: bool = False
     restarts: int = 0
