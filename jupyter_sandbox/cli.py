@@ -212,6 +212,10 @@ def cmd_pool(args: argparse.Namespace) -> int:
                     spec["keep_workspace"] = True
                 if args.files is not None:
                     spec["files"] = args.files
+                if args.requirements is not None:
+                    spec["requirements"] = read_requirements(args.requirements)
+                if args.no_pip_config:
+                    spec["pip_config"] = False
                 result = await plane.apply_pool(args.name, spec)
                 if args.kernelspec:
                     from .kernelspec import install_kernelspec
@@ -232,6 +236,29 @@ def cmd_pool(args: argparse.Namespace) -> int:
         return 0
 
     return _run(go())
+
+
+def read_requirements(path: str) -> list[str]:
+    """A requirements file's lines, for the pool spec (the daemon checks them).
+
+    A relative ``--find-links`` directory is taken from the file's directory, as pip
+    does: the daemon that installs them has no working directory of the user's.
+    """
+    from .control_plane.base import InvalidRequest
+
+    try:
+        with open(path, encoding="utf-8") as handle:
+            lines = handle.read().splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidRequest(f"cannot read requirements file {path}: {exc}") from None
+    folder = os.path.dirname(os.path.abspath(path))
+    result = []
+    for line in lines:
+        words = line.split()
+        if len(words) == 2 and words[0] in ("-f", "--find-links") and "://" not in words[1]:
+            line = f"{words[0]} {os.path.join(folder, words[1])}"
+        result.append(line)
+    return result
 
 
 # -- claims ------------------------------------------------------------------------
@@ -414,6 +441,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--keep-workspace",
         action="store_true",
         help="keep a claim's workspace directory after it is released",
+    )
+    create.add_argument(
+        "--requirements",
+        metavar="FILE",
+        help="a requirements file: installed once for the pool, read-only in its sandboxes "
+        "(a notebook's %%pip install still wins); its lines are kept in the pool",
+    )
+    create.add_argument(
+        "--no-pip-config",
+        action="store_true",
+        help="do not give the sandboxes this host's pip index, trusted hosts and CA bundle",
     )
     create.add_argument("--kernelspec", action="store_true", help="also install its kernelspec")
     delete = pool_sub.add_parser(

@@ -21,14 +21,17 @@ pytestmark = pytest.mark.usefixtures("warm_daemon")
 PACKAGE = "jsbx_tiny_pkg"
 
 
-def build_wheel(folder: Path) -> Path:
+def build_wheel(
+    folder: Path, version: str = "1.0", value: str = "installed in the sandbox"
+) -> Path:
     """A minimal pure-Python wheel, written by hand."""
+    info = f"{PACKAGE}-{version}.dist-info"
     files = {
-        f"{PACKAGE}/__init__.py": b"VALUE = 'installed in the sandbox'\n",
-        f"{PACKAGE}-1.0.dist-info/METADATA": (
-            f"Metadata-Version: 2.1\nName: {PACKAGE}\nVersion: 1.0\n".encode()
+        f"{PACKAGE}/__init__.py": f"VALUE = {value!r}\n".encode(),
+        f"{info}/METADATA": (
+            f"Metadata-Version: 2.1\nName: {PACKAGE}\nVersion: {version}\n".encode()
         ),
-        f"{PACKAGE}-1.0.dist-info/WHEEL": (
+        f"{info}/WHEEL": (
             b"Wheel-Version: 1.0\nGenerator: hand\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
         ),
     }
@@ -36,12 +39,12 @@ def build_wheel(folder: Path) -> Path:
     for name, data in files.items():
         digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
         record.append(f"{name},sha256={digest},{len(data)}")
-    record.append(f"{PACKAGE}-1.0.dist-info/RECORD,,")
-    wheel = folder / f"{PACKAGE}-1.0-py3-none-any.whl"
+    record.append(f"{info}/RECORD,,")
+    wheel = folder / f"{PACKAGE}-{version}-py3-none-any.whl"
     with zipfile.ZipFile(wheel, "w") as archive:
         for name, data in files.items():
             archive.writestr(name, data)
-        archive.writestr(f"{PACKAGE}-1.0.dist-info/RECORD", "\n".join(record) + "\n")
+        archive.writestr(f"{info}/RECORD", "\n".join(record) + "\n")
     return wheel
 
 

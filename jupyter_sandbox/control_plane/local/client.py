@@ -118,6 +118,18 @@ class LocalControlPlane(ControlPlane):
                         "VIRTUAL_ENV",
                         "JUPYTER_",
                         "PROXY_TIMEOUT_SECONDS",
+                        # pip's settings: the daemon installs pools' requirements
+                        # with them and forwards the index (never credentials).
+                        "PIP_",
+                        "XDG_CONFIG_",
+                        "SSL_CERT_",
+                        "REQUESTS_CA_BUNDLE",
+                        "HTTP_PROXY",
+                        "HTTPS_PROXY",
+                        "NO_PROXY",
+                        "http_proxy",
+                        "https_proxy",
+                        "no_proxy",
                     )
                 )
             }

@@ -31,7 +31,7 @@ from ..base import (
     PoolNotFound,
 )
 from .cgroups import CgroupError, CgroupLimits, SandboxCgroup
-from .isolation import Isolation, UnsafeMount, check_files_dir
+from .isolation import POOLS_SUBDIR, Isolation, UnsafeMount, check_files_dir
 from .liveness import PERIOD_SECONDS as LIVENESS_PERIOD
 from .liveness import LivenessProbe
 from .model import (
@@ -47,6 +47,15 @@ from .model import (
     random_suffix,
 )
 from .network import NetworkSetupError
+from .packages import (
+    FAILED,
+    READY,
+    InstallFailed,
+    PipForwarding,
+    PoolEnvironment,
+    install,
+    requirements_hash,
+)
 from .paths import listen_socket, private_dir, runtime_dir
 from .process import LaunchSpec, Limits, SandboxProcess
 from .runtime_calls import RuntimeCalls
@@ -70,6 +79,7 @@ class LocalController:
         max_claims: int = 200,
         cgroups: CgroupLimits | None = None,
         limits: str = "",
+        pip: PipForwarding | None = None,
     ) -> None:
         self.base = base
         self.isolation = isolation
@@ -89,9 +99,11 @@ class LocalController:
         self._suspending: dict[str, asyncio.Task[None]] = {}
         self.cgroups = cgroups or CgroupLimits()
         self.limits = limits  # how resource limits are enforced, in words
+        self.pip = pip or PipForwarding()  # what of the host's pip settings sandboxes get
+        self.pool_envs: dict[str, PoolEnvironment] = {}  # pools with requirements
         # Several daemons (users' state directories) may share one cgroup parent.
         self._cgroup_prefix = hashlib.sha256(str(base).encode()).hexdigest()[:8] + "-"
-        for sub in ("workspaces", "run", "sockets", "logs"):
+        for sub in ("workspaces", "run", "sockets", "logs", POOLS_SUBDIR):
             private_dir(base / sub)
 
     # -- start-up --------------------------------------------------------
@@ -122,12 +134,16 @@ class LocalController:
 
     def apply_pool(self, spec: PoolSpec) -> PoolSpec:
         self.store.pools[spec.name] = spec
+        env = self.pool_envs.get(spec.name)
+        if env is not None and env.phase == FAILED:
+            self.pool_envs.pop(spec.name)  # applying it again tries the install again
         self._touch("pool", spec.name)
         return spec
 
     def delete_pool(self, name: str) -> None:
         if self.store.pools.pop(name, None) is None:
             raise PoolNotFound(f"pool {name!r} does not exist")
+        self._drop_environment(name)
         self._touch("pool", name)
 
     def create_claim(self, request: ClaimRequest) -> Claim:
@@ -269,8 +285,14 @@ class LocalController:
             "isolation": self.isolation.kind,
             "limits": self.limits,
             "display_name": pool.display_name or f"Python 3 (sandbox: {pool.name})",
-            "message": self._failing(owned),
+            "message": self._environment_message(pool) or self._failing(owned),
         }
+
+    def _environment_message(self, pool: PoolSpec) -> str:
+        env = self.pool_envs.get(pool.name)
+        if not pool.requirements or env is None or env.phase == READY:
+            return ""
+        return env.message
 
     def _failing(self, sandboxes: list[Sandbox]) -> str:
         """Why a pool does not fill: the last log line of a member that keeps exiting."""
@@ -328,6 +350,7 @@ class LocalController:
         for pool in list(self.store.pools.values()):
             self._reconcile_pool(pool)
         self._reconcile_pool_orphans()
+        await self._collect_environments()
         for sandbox in list(self.store.sandboxes.values()):
             await self._reconcile_sandbox(sandbox)
         for claim in list(self.store.claims.values()):
@@ -383,6 +406,12 @@ class LocalController:
         if pool is None:
             claim.phase, claim.message = Phase.FAILED, f"pool {claim.pool!r} was deleted"
             return
+        env = self._ensure_environment(pool)
+        if env is not None and env.phase != READY:
+            # Nothing installs at claim time: wait for the pool's install, or fail with it.
+            claim.phase = Phase.FAILED if env.phase == FAILED else Phase.PENDING
+            claim.message = env.message
+            return
         # A sandbox's environment and mounts are fixed when it starts: a claim that
         # brings its own gets a sandbox started for it.
         candidates = (
@@ -407,10 +436,19 @@ class LocalController:
         log.info("claim %s bound to %s (warm=%s)", claim.name, claim.sandbox, claim.warm)
 
     def _reconcile_pool(self, pool: PoolSpec) -> None:
-        owned = sorted(
-            (s for s in self.store.sandboxes.values() if s.owner == f"pool/{pool.name}"),
-            key=lambda s: (s.ready, -s.created),
-        )
+        env = self._ensure_environment(pool)
+        current = str(env.path) if env is not None and env.phase == READY else ""
+        owned = []
+        for sandbox in self.store.sandboxes.values():
+            if sandbox.owner != f"pool/{pool.name}":
+                continue
+            if sandbox.pool_packages != current:  # started with other requirements
+                self._delete_sandbox(sandbox.name)
+            else:
+                owned.append(sandbox)
+        if env is not None and env.phase != READY:
+            return  # no warm sandbox before the pool's packages are installed
+        owned.sort(key=lambda s: (s.ready, -s.created))
         for _ in range(pool.replicas - len(owned)):
             self._new_sandbox(pool, owner=f"pool/{pool.name}")
         for extra in owned[: max(0, len(owned) - pool.replicas)]:
@@ -495,6 +533,9 @@ class LocalController:
             files_dir=files_dir,
             files_read_only=bool(files_dir) and pool.files == FILES_READ_ONLY,
         )
+        packages = self.pool_envs.get(pool.name)
+        if pool.requirements and packages is not None and packages.phase == READY:
+            sandbox.pool_packages = str(packages.path)
         self.store.sandboxes[name] = sandbox
         self._touch("sandbox", name)
         return sandbox
@@ -513,7 +554,7 @@ class LocalController:
             log_file=Path(self._log_path(sandbox.name)),
             kernel_name=pool.kernel_name,
             network=pool.network,
-            env={**pool.env, **sandbox.env},
+            env={**(self.pip.env if pool.pip_config else {}), **pool.env, **sandbox.env},
             limits=Limits(
                 memory_bytes=pool.memory_mb * 1024 * 1024 if pool.memory_mb else None,
                 cpu_seconds=pool.cpu_seconds,
@@ -522,6 +563,8 @@ class LocalController:
             cgroup=self._cgroup(sandbox.name, pool),
             files_dir=Path(sandbox.files_dir) if sandbox.files_dir else None,
             files_read_only=sandbox.files_read_only,
+            pool_packages=Path(sandbox.pool_packages) if sandbox.pool_packages else None,
+            ro_files=tuple(self.pip.files) if pool.pip_config else (),
         )
         if spec.cgroup is None and pool.max_processes:
             # RLIMIT_NPROC counts every process and thread of the user, not the
@@ -532,7 +575,7 @@ class LocalController:
         sandbox.ready = False
         try:
             await proc.start()
-        except (OSError, NetworkSetupError) as exc:
+        except (OSError, NetworkSetupError, UnsafeMount) as exc:
             log.error("could not start sandbox %s: %s", sandbox.name, exc)
             if spec.cgroup is not None:
                 await asyncio.to_thread(spec.cgroup.remove)
@@ -543,6 +586,85 @@ class LocalController:
         sandbox.pid = proc.pid
         self._dirty = True
         proc.supervisor = asyncio.create_task(self._supervise(sandbox.name, proc))
+
+    # -- a pool's packages ------------------------------------------------
+
+    def _ensure_environment(self, pool: PoolSpec) -> PoolEnvironment | None:
+        """The pool's package directory, its install started if needed (None: no requirements)."""
+        if not pool.requirements:
+            self._drop_environment(pool.name)
+            return None
+        digest = requirements_hash(pool.requirements)
+        env = self.pool_envs.get(pool.name)
+        if env is not None and env.digest == digest:
+            return env
+        self._drop_environment(pool.name)  # other requirements: stop that install
+        env = PoolEnvironment(digest, self.base / POOLS_SUBDIR / pool.name / digest)
+        self.pool_envs[pool.name] = env
+        if env.path.is_dir():  # installed before (renamed into place only when complete)
+            env.phase = READY
+            return env
+        env.message = f"installing the pool's packages (pip log: {self._pip_log(pool.name)})"
+        env.task = asyncio.create_task(self._install(pool.name, list(pool.requirements), env))
+        return env
+
+    def _pip_log(self, pool: str) -> Path:
+        return self.base / "logs" / f"pool-{pool}-pip.log"
+
+    async def _install(self, pool: str, lines: list[str], env: PoolEnvironment) -> None:
+        log.info("pool %s: installing %d requirement lines", pool, len(lines))
+        started = time.monotonic()
+        try:
+            await install(lines, env, self._pip_log(pool))
+        except InstallFailed as exc:
+            env.phase = FAILED
+            env.message = f"the pool's packages did not install: {exc}"
+            log.error("pool %s: %s (log: %s)", pool, env.message, self._pip_log(pool))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            env.phase = FAILED
+            env.message = f"the pool's packages did not install: {exc}"
+            log.exception("pool %s: install failed", pool)
+        else:
+            env.phase, env.message = READY, ""
+            log.info("pool %s: packages installed in %.1fs", pool, time.monotonic() - started)
+        finally:
+            env.task = None
+        if self.pool_envs.get(pool) is env:
+            self._touch("pool", pool)
+
+    def _drop_environment(self, pool: str) -> None:
+        env = self.pool_envs.pop(pool, None)
+        if env is not None and env.task is not None:
+            env.task.cancel()  # kills pip; its staging directory is removed
+
+    async def _collect_environments(self) -> None:
+        """Remove package directories no pool wants and no sandbox was started with:
+        a deleted pool's, an outdated install's, a crashed daemon's leftovers."""
+        root = self.base / POOLS_SUBDIR
+        keep = {str(env.path) for env in self.pool_envs.values()}
+        keep |= {s.pool_packages for s in self.store.sandboxes.values() if s.pool_packages}
+        staging = [str(e.staging) for e in self.pool_envs.values() if e.staging is not None]
+        installing = {name for name, e in self.pool_envs.items() if e.task is not None}
+        try:
+            pool_dirs = list(root.iterdir())
+        except OSError:
+            return
+        for pool_dir in pool_dirs:
+            if pool_dir.name in installing:
+                continue  # its staging directory appears while we look
+            for entry in list(pool_dir.iterdir()) if pool_dir.is_dir() else [pool_dir]:
+                path = str(entry)
+                if path in keep or any(path.startswith(s) for s in staging):
+                    continue
+                log.info("removing unused pool packages %s", entry)
+                if entry.is_dir() and not entry.is_symlink():
+                    await asyncio.to_thread(shutil.rmtree, entry, True)
+                else:
+                    entry.unlink(missing_ok=True)
+            if pool_dir.is_dir() and not any(pool_dir.iterdir()):
+                pool_dir.rmdir()
 
     def _cgroup(self, name: str, pool: PoolSpec) -> SandboxCgroup | None:
         """A cgroup with the pool's limits, where this daemon can create one."""
@@ -637,7 +759,10 @@ class LocalController:
     async def shutdown(self) -> None:
         """Stop every process (the store keeps what should run for the next start)."""
         await asyncio.gather(*(p.stop() for p in self.processes.values()), return_exceptions=True)
-        pending = [*self._deleting, *self._suspending.values()]
+        installs = [e.task for e in self.pool_envs.values() if e.task is not None]
+        for task in installs:
+            task.cancel()
+        pending = [*self._deleting, *self._suspending.values(), *installs]
         if pending:
             await asyncio.gather(*pending, return_exceptions=True)
         # Unclaimed sandboxes would be wiped at the next start anyway: leave no

@@ -31,6 +31,7 @@ from .controller import LocalController
 from .isolation import Isolation, UnsafeMount, probe, python_paths
 from .model import NAMESPACE, PoolSpec
 from .network import user_network_available
+from .packages import host_forwarding
 from .paths import check_socket_room, private_dir, socket_path, state_dir
 
 log = logging.getLogger("jupyter_sandbox.daemon")
@@ -79,7 +80,12 @@ async def serve(args: argparse.Namespace) -> int:
     if "not enforced" in limits:
         log.warning("sandbox %s", limits)
     controller = LocalController(
-        base, isolation, orphan_grace=args.orphan_grace, cgroups=cgroups, limits=limits
+        base,
+        isolation,
+        orphan_grace=args.orphan_grace,
+        cgroups=cgroups,
+        limits=limits,
+        pip=host_forwarding(str(base)),
     )
     controller.load([PoolSpec(name=DEFAULT_POOL, replicas=args.default_replicas)])
     controller.remove_stale_cgroups()

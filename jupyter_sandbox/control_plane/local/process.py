@@ -18,7 +18,15 @@ from tornado.netutil import bind_unix_socket
 
 from . import seccomp_filter
 from .cgroups import SandboxCgroup
-from .isolation import RUNTIME_DIR, WORKSPACE, Confinement, Isolation, bwrap_command, package_parent
+from .isolation import (
+    POOL_PACKAGES,
+    RUNTIME_DIR,
+    WORKSPACE,
+    Confinement,
+    Isolation,
+    bwrap_command,
+    package_parent,
+)
 from .network import NetnsHandshake, UserNetwork, user_network_available, write_sandbox_resolv_conf
 from .paths import private_dir
 
@@ -75,6 +83,8 @@ class LaunchSpec:
     cgroup: SandboxCgroup | None = None
     files_dir: Path | None = None  # the notebook's directory: the kernel's working directory
     files_read_only: bool = False
+    pool_packages: Path | None = None  # the pool's installed requirements (read-only)
+    ro_files: tuple[str, ...] = ()  # host files shown read-only at their own path
 
 
 def sandbox_env(spec: LaunchSpec, isolation: Isolation) -> dict[str, str]:
@@ -90,9 +100,14 @@ def sandbox_env(spec: LaunchSpec, isolation: Isolation) -> dict[str, str]:
     packages = os.path.join(home, PACKAGES_DIR)
     env["PIP_TARGET"] = packages
     env["PATH"] += f":{packages}/bin"
+    pool = None
+    if spec.pool_packages is not None:
+        # After the sandbox's own: a %pip install in the notebook wins.
+        pool = POOL_PACKAGES if isolation.isolated else str(spec.pool_packages)
+        env["PATH"] += f":{pool}/bin"
     parent = package_parent()
     # An editable install binds only the package directory: it goes on the path too.
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (parent, packages) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (parent, packages, pool) if p)
     env.update(spec.env)
     return env
 
@@ -260,6 +275,8 @@ class SandboxProcess:
                 resolv_conf=self._resolv_conf() if netns_args else None,
                 files_dir=str(spec.files_dir) if spec.files_dir is not None else None,
                 files_read_only=spec.files_read_only,
+                pool_packages=str(spec.pool_packages) if spec.pool_packages else None,
+                ro_files=spec.ro_files,
             ),
         )
         return argv, {"PATH": env["PATH"]}
