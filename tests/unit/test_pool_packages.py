@@ -190,3 +190,18 @@ def test_only_a_pools_package_directory_is_bound(
     else:
         with pytest.raises(UnsafeMount):
             check_pool_packages(path, state)
+
+
+def test_the_cli_reads_a_requirements_file_with_find_links_relative_to_it(
+    tmp_path: Path,
+) -> None:
+    from jupyter_sandbox.cli import read_requirements
+
+    (tmp_path / "requirements.txt").write_text("--no-index\n-f wheels\nnumpy==2.1\n")
+    assert read_requirements(str(tmp_path / "requirements.txt")) == [
+        "--no-index",
+        f"-f {tmp_path / 'wheels'}",
+        "numpy==2.1",
+    ]
+    with pytest.raises(InvalidRequest, match="cannot read requirements file"):
+        read_requirements(str(tmp_path / "missing.txt"))
