@@ -1,12 +1,20 @@
-import { JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
-import { Dialog, ICommandPalette, Notification, showDialog } from '@jupyterlab/apputils';
+import { ILabShell, JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
+import {
+  Dialog,
+  ICommandPalette,
+  ISessionContext,
+  Notification,
+  showDialog
+} from '@jupyterlab/apputils';
+import { IConsoleTracker } from '@jupyterlab/console';
 import { ILauncher } from '@jupyterlab/launcher';
 import { IMainMenu } from '@jupyterlab/mainmenu';
-import { INotebookTracker, NotebookPanel } from '@jupyterlab/notebook';
-import { KernelSpec, ServerConnection } from '@jupyterlab/services';
+import { INotebookTracker } from '@jupyterlab/notebook';
+import { KernelSpec, ServerConnection, Session } from '@jupyterlab/services';
 import { IStatusBar } from '@jupyterlab/statusbar';
 import { CommandToolbarButton, LabIcon, pauseIcon, runIcon, infoIcon } from '@jupyterlab/ui-components';
 import { ReadonlyPartialJSONObject } from '@lumino/coreutils';
+import { ISignal } from '@lumino/signaling';
 import { Widget } from '@lumino/widgets';
 
 import { kernelDetails, resumeKernel, SandboxEvents, suspendKernel } from './api';
@@ -56,23 +64,38 @@ const plugin: JupyterFrontEndPlugin<void> = {
   description: 'Sandboxed kernels: status bar, pools panel, suspend/resume, claim progress.',
   autoStart: true,
   requires: [INotebookTracker],
-  optional: [IStatusBar, ICommandPalette, ILauncher, IMainMenu],
+  optional: [IStatusBar, ICommandPalette, ILauncher, IMainMenu, IConsoleTracker, ILabShell],
   activate: (
     app: JupyterFrontEnd,
     tracker: INotebookTracker,
     statusBar: IStatusBar | null,
     palette: ICommandPalette | null,
     launcher: ILauncher | null,
-    mainMenu: IMainMenu | null
+    mainMenu: IMainMenu | null,
+    consoles: IConsoleTracker | null,
+    labShell: ILabShell | null
   ) => {
     const { commands, serviceManager } = app;
     const specs = (): KernelSpec.ISpecModels | null => serviceManager.kernelspecs.specs;
     const events = new SandboxEvents(serviceManager.serverSettings);
 
-    // -- the active notebook -------------------------------------------------
+    // -- the active notebook or console ---------------------------------------
     const status = new SandboxStatus(events, specs);
+    const trackers: IKernelWidgetTracker[] = consoles ? [tracker, consoles] : [tracker];
+    let lastChanged: IKernelWidget | null = null;
+    // The widget in focus if it has a kernel, else the one that last had focus.
+    const current = (): IKernelWidget | null => {
+      const inShell = app.shell.currentWidget;
+      const tracked = trackers.map(t => t.currentWidget).filter(w => !!w) as IKernelWidget[];
+      return (
+        tracked.find(w => w === inShell) ??
+        tracked.find(w => w === lastChanged) ??
+        tracked[0] ??
+        null
+      );
+    };
     const active = (): IActiveKernel | null => {
-      const panel = tracker.currentWidget;
+      const panel = current();
       if (!panel) {
         return null;
       }
@@ -93,8 +116,8 @@ const plugin: JupyterFrontEndPlugin<void> = {
         }
       }
     };
-    let watched: NotebookPanel | null = null;
-    const watch = (panel: NotebookPanel | null) => {
+    let watched: IKernelWidget | null = null;
+    const watch = (panel: IKernelWidget | null) => {
       if (watched) {
         watched.sessionContext.statusChanged.disconnect(updateActive);
         watched.sessionContext.kernelChanged.disconnect(updateActive);
@@ -108,8 +131,14 @@ const plugin: JupyterFrontEndPlugin<void> = {
       }
       updateActive();
     };
-    tracker.currentChanged.connect((_, panel) => watch(panel));
-    watch(tracker.currentWidget);
+    for (const t of trackers) {
+      t.currentChanged.connect((_, widget) => {
+        lastChanged = widget ?? lastChanged;
+        watch(current());
+      });
+    }
+    labShell?.currentChanged.connect(() => watch(current()));
+    watch(current());
     events.changed.connect(() => updateActive());
     serviceManager.kernelspecs.specsChanged.connect(() => updateActive());
 
@@ -118,7 +147,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
         item: status,
         align: 'left',
         rank: 5,
-        isActive: () => !!tracker.currentWidget
+        isActive: () => !!current()
       });
     }
 
@@ -238,13 +267,18 @@ const plugin: JupyterFrontEndPlugin<void> = {
     });
 
     // -- the side panel ---------------------------------------------------
-    const sessionPath = (kernelId: string): string | null => {
+    const sessionOf = (kernelId: string): Session.IModel | null => {
       for (const model of serviceManager.sessions.running()) {
         if (model.kernel?.id === kernelId) {
-          return model.path;
+          return model;
         }
       }
       return null;
+    };
+    // A console's session path is an id ('console-1-<uuid>'); its name reads 'Console 1'.
+    const sessionPath = (kernelId: string): string | null => {
+      const model = sessionOf(kernelId);
+      return model ? (model.type === 'console' ? model.name : model.path) : null;
     };
     const panel = new SandboxPanel(
       events,
@@ -253,9 +287,11 @@ const plugin: JupyterFrontEndPlugin<void> = {
         resume: kernelId => void commands.execute(CommandIDs.resume, { kernelId }),
         details: kernelId => void commands.execute(CommandIDs.details, { kernelId }),
         open: kernelId => {
-          const path = sessionPath(kernelId);
-          if (path) {
-            void commands.execute('docmanager:open', { path });
+          const model = sessionOf(kernelId);
+          if (model?.type === 'console') {
+            void commands.execute('console:open', { path: model.path, activate: true });
+          } else if (model) {
+            void commands.execute('docmanager:open', { path: model.path });
           }
         }
       },
@@ -278,6 +314,16 @@ const plugin: JupyterFrontEndPlugin<void> = {
     }
   }
 };
+
+/** A notebook or a console: a widget with a kernel session. */
+interface IKernelWidget extends Widget {
+  readonly sessionContext: ISessionContext;
+}
+
+interface IKernelWidgetTracker {
+  readonly currentWidget: IKernelWidget | null;
+  readonly currentChanged: ISignal<unknown, IKernelWidget | null>;
+}
 
 /** Kernels the user suspended by command (that command says so itself). */
 const suspendedByUser = new Set<string>();

@@ -272,6 +272,74 @@ export function progressText(entry: Pick<IStartingEntry, 'pool' | 'sandbox'>): s
 }
 
 /** "3 s", "5 min", "2 h 10 min", "4 d 3 h". */
+/** Words for the resource keys the backends report (anything else is humanised). */
+const RESOURCE_LABELS: Record<string, string> = {
+  pid: 'Process',
+  network: 'Network',
+  memory_mb: 'Memory limit',
+  cpu_seconds: 'CPU time limit',
+  restarts: 'Restarts',
+  files_dir: 'Notebook files',
+  pod: 'Pod',
+  node: 'Node',
+  podIPs: 'Pod IPs',
+  serviceFQDN: 'Service',
+  runtimeClassName: 'Runtime class',
+  operatingMode: 'Operating mode'
+};
+
+/** Internal bookkeeping, or folded into another row. */
+const HIDDEN_RESOURCES = new Set(['owner_pid', 'files_read_only']);
+
+/**
+ * The details dialog's resource rows, in words: "Memory limit: 2048 MB", never
+ * "Resources: memory_mb". Unknown keys are humanised; empty values are left out.
+ */
+export function resourceRows(resources: Record<string, unknown>): [string, string][] {
+  const rows: [string, string][] = [];
+  for (const [key, value] of Object.entries(resources)) {
+    if (HIDDEN_RESOURCES.has(key)) {
+      continue;
+    }
+    let text: string;
+    switch (key) {
+      case 'pid':
+        text = value ? `pid ${value}` : 'not running';
+        break;
+      case 'network':
+        text = value === false ? 'none' : value === true ? 'outbound only' : '';
+        break;
+      case 'memory_mb':
+        text = value ? `${value} MB` : 'none';
+        break;
+      case 'cpu_seconds':
+        text = value ? `${value} s` : 'none';
+        break;
+      case 'files_dir':
+        text = value ? `${value}${resources.files_read_only ? ' (read-only)' : ''}` : '';
+        break;
+      default:
+        text = Array.isArray(value)
+          ? value.join(', ')
+          : value === null || value === undefined
+            ? ''
+            : String(value);
+    }
+    if (text) {
+      rows.push([RESOURCE_LABELS[key] ?? humanise(key), text]);
+    }
+  }
+  return rows;
+}
+
+function humanise(key: string): string {
+  const words = key
+    .replace(/([a-z])([A-Z])/g, '$1 $2')
+    .replace(/_/g, ' ')
+    .toLowerCase();
+  return words.charAt(0).toUpperCase() + words.slice(1);
+}
+
 export function formatAge(seconds: number): string {
   if (!isFinite(seconds) || seconds < 0) {
     return '–';

@@ -14,6 +14,7 @@ import {
   ISnapshot,
   poolSummary,
   progressText,
+  resourceRows,
   sandboxAge,
   sandboxSpecInfo,
   sandboxState,
@@ -417,9 +418,7 @@ export function detailsNode(entry: IKernelEntry): HTMLElement {
     ...(sandbox.resources ?? {}),
     ...((entry.claim_status?.resources as Record<string, unknown>) ?? {})
   };
-  for (const [key, value] of Object.entries(resources)) {
-    rows.push([`Resources: ${key}`, value === null || value === undefined ? '–' : String(value)]);
-  }
+  rows.push(...resourceRows(resources));
   const table = el('table', { class: 'jp-SandboxDetails' });
   for (const [key, value] of rows) {
     const th = el('th', {}, key);

@@ -9,6 +9,7 @@ import {
   isolationInfo,
   poolSummary,
   progressText,
+  resourceRows,
   sandboxAge,
   sandboxSpecInfo,
   sandboxState,
@@ -190,5 +191,53 @@ describe('EventStreamParser', () => {
     ]);
     expect(parser.feed('id: 7\nevent: x\ndata:y\r')).toEqual([]);
     expect(parser.feed('\n\n')).toEqual([{ event: 'x', data: 'y', id: '7' }]);
+  });
+});
+
+describe('resourceRows', () => {
+  it('says local resources in words, hiding bookkeeping', () => {
+    const rows = resourceRows({
+      pid: 4242,
+      network: false,
+      memory_mb: 2048,
+      cpu_seconds: null,
+      restarts: 1,
+      owner_pid: 77,
+      files_dir: '/home/ana/project',
+      files_read_only: true
+    });
+    expect(rows).toEqual([
+      ['Process', 'pid 4242'],
+      ['Network', 'none'],
+      ['Memory limit', '2048 MB'],
+      ['CPU time limit', 'none'],
+      ['Restarts', '1'],
+      ['Notebook files', '/home/ana/project (read-only)']
+    ]);
+  });
+
+  it('says Kubernetes resources in words and leaves out empty ones', () => {
+    const rows = resourceRows({
+      pod: 'sb-1',
+      node: null,
+      podIPs: ['10.0.0.5', 'fd00::5'],
+      runtimeClassName: 'gvisor',
+      someNewField: 'x'
+    });
+    expect(rows).toEqual([
+      ['Pod', 'sb-1'],
+      ['Pod IPs', '10.0.0.5, fd00::5'],
+      ['Runtime class', 'gvisor'],
+      ['Some new field', 'x']
+    ]);
+  });
+
+  it('never shows a raw key', () => {
+    const keys = ['pid', 'memory_mb', 'cpu_seconds', 'files_dir', 'serviceFQDN', 'operatingMode'];
+    for (const key of keys) {
+      const [[label]] = resourceRows({ [key]: 'v' });
+      expect(label).not.toContain('_');
+      expect(label).not.toBe(key);
+    }
   });
 });

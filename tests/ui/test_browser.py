@@ -264,14 +264,65 @@ def test_notebook_in_a_sandbox_suspend_and_resume(tmp_path: Path) -> None:
         dialog = page.locator(".jp-Dialog")
         dialog.locator(".jp-SandboxDetails").wait_for()
         details = dialog.inner_text()
-        for word in ("Workspace", "Age", "Resources: pid", "Isolation", "Claimed"):
+        for word in ("Workspace", "Age", "Process\tpid ", "Isolation", "Claimed"):
             assert word in details, details
+        labels = dialog.locator(".jp-SandboxDetails th").all_inner_texts()
+        assert not [label for label in labels if "_" in label], labels
         page.screenshot(path=str(shots / "05-details.png"))
         dialog.locator("button", has_text="Close").click()
 
         states = _dedupe(page.evaluate("window.__sandboxStates"))
         print("status bar states:", " -> ".join(states))
         assert _in_order(states, ["claiming", "idle", "suspended", "idle"]), states
+
+
+def test_a_console_on_a_sandbox_kernel(tmp_path: Path) -> None:
+    """A console gets what a notebook gets: status item, Kernel menu commands, panel entry."""
+    from playwright.sync_api import expect
+
+    with lab_in_browser(tmp_path) as (lab, page, shots):
+        page.goto(f"{lab.url}/lab?token={lab.token}")
+        section = page.locator(".jp-Launcher-section", has_text="Sandboxed consoles")
+        section.locator(".jp-LauncherCard", has_text=KERNEL_DISPLAY).click()
+        status = page.locator(".jp-SandboxStatus")
+        expect(status).to_have_attribute("data-sandbox-state", "idle", timeout=TIMEOUT_MS)
+        prompt = page.locator(".jp-CodeConsole-promptCell .cm-content")
+        prompt.click()
+        page.keyboard.type("print(6 * 7)")
+        page.keyboard.press("Shift+Enter")
+        page.locator(".jp-CodeConsole .jp-OutputArea-output", has_text="42").wait_for()
+
+        # The Kernel menu's sandbox commands act on the console's kernel.
+        page.locator(".lm-MenuBar-itemLabel", has_text="Kernel").click()
+        suspend = page.locator(".lm-Menu-item", has_text="Suspend Sandbox")
+        expect(suspend).not_to_have_attribute("aria-disabled", "true")
+        page.screenshot(path=str(shots / "01-console-kernel-menu.png"))
+        suspend.click()
+        expect(status).to_have_attribute("data-sandbox-state", "suspended")
+
+        # The panel names it as JupyterLab does ("Console 1"), not by its session id.
+        page.locator(".lm-TabBar-tab[title='Sandboxes']").first.click()
+        entry = page.locator("#jupyter-sandbox-panel .jp-SandboxPanel-kernel").first
+        entry.wait_for()
+        name = entry.locator(".jp-SandboxPanel-kernelName").inner_text()
+        assert name.startswith("Console"), name
+        assert "console-" not in name, name
+        # Buttons on one line; the disabled one looks disabled.
+        buttons = entry.locator(".jp-SandboxPanel-actions button")
+        tops = {round(box["y"]) for box in (b.bounding_box() for b in buttons.all()) if box}
+        assert len(tops) == 1, tops
+        suspend_button = buttons.filter(has_text="Suspend")
+        assert suspend_button.is_disabled()
+        opacity = suspend_button.evaluate("b => getComputedStyle(b).opacity")
+        assert float(opacity) < 1, opacity
+        page.screenshot(path=str(shots / "02-console-in-panel.png"))
+
+        # The next execution resumes it, with its variables.
+        prompt.click()
+        page.keyboard.type("print('back', 6 * 7)")
+        page.keyboard.press("Shift+Enter")
+        page.locator(".jp-CodeConsole .jp-OutputArea-output", has_text="back 42").wait_for()
+        expect(status).to_have_attribute("data-sandbox-state", "idle")
 
 
 RECORD_STATES = """() => {
