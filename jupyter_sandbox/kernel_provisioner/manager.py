@@ -32,6 +32,18 @@ from .provisioner import (
 )
 
 
+class SandboxStartError(web.HTTPError):
+    """A failed claim as an HTTP error whose text is just its message.
+
+    jupyter_server's sessions handler (the one JupyterLab calls) re-raises any start
+    error as a 500 with ``str(error)``; tornado's own text would put "HTTP 404:
+    PoolNotFound (...)" in front of the message the user reads.
+    """
+
+    def __str__(self) -> str:
+        return self.log_message or super().__str__()
+
+
 class SandboxKernelManager(AsyncMappingKernelManager):  # type: ignore[misc]
     suspend_on_cull = Bool(
         True,
@@ -132,7 +144,7 @@ class SandboxKernelManager(AsyncMappingKernelManager):  # type: ignore[misc]
             return await super().start_kernel(*args, **kwargs)  # type: ignore[no-any-return]
         except ClaimError as exc:
             # Tell the user what went wrong and what to do, not "Unhandled error".
-            raise web.HTTPError(exc.status, str(exc), reason=exc.reason) from exc
+            raise SandboxStartError(exc.status, str(exc), reason=exc.reason) from exc
 
     def sandbox_provisioner(self, kernel_id: str) -> SandboxProvisioner | None:
         kernel = self._kernels.get(kernel_id)

@@ -418,6 +418,7 @@ def test_a_failed_claim_is_explained(tmp_path: Path) -> None:
         dialog = page.locator(".jp-Dialog", has_text="Error Starting Kernel")
         dialog.wait_for()
         assert "jupyter-sandbox pool create missing" in dialog.inner_text()
+        assert "HTTP 404" not in dialog.inner_text(), dialog.inner_text()
         # ... and only it: no second copy in a toast, no progress toast left behind.
         page.wait_for_timeout(1000)
         expect(page.locator(".Toastify__toast", has_text="does not exist")).to_have_count(0)
