@@ -11,6 +11,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from .control_plane.base import BackendUnavailable, ClaimError, ClaimNotFound
+from .kernelspec import FILES_MODES
 
 MANAGER_CLASS = "jupyter_sandbox.kernel_provisioner.manager.SandboxKernelManager"
 # Subcommands that are programs of their own, with their own options.
@@ -143,6 +144,7 @@ def cmd_install_kernelspec(args: argparse.Namespace) -> int:
             user=args.user,
             prefix=args.prefix,
             name=args.name,
+            files=args.files,
         )
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -399,6 +401,14 @@ def build_parser() -> argparse.ArgumentParser:
     ks.add_argument("--name", help="kernelspec name (default sandbox-<pool>)")
     ks.add_argument("--namespace", help="Kubernetes namespace of the pool")
     ks.add_argument("--router-url", help="router URL for the Kubernetes backend")
+    ks.add_argument(
+        "--files",
+        choices=FILES_MODES,
+        default="auto",
+        help="how the kernel sees the notebook's directory: bind (mounted; local backend), "
+        "copy (copied in at claim, changes copied back at suspend and shutdown), none; "
+        "auto: bind on local, copy on Kubernetes",
+    )
     where = ks.add_mutually_exclusive_group()
     where.add_argument("--user", action="store_true", help="install for this user only")
     where.add_argument("--prefix", help="install under this prefix (default: sys.prefix)")

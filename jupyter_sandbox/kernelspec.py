@@ -14,6 +14,8 @@ from typing import Any
 from jupyter_client.kernelspec import KernelSpecManager
 
 PROVISIONER_NAME = "sandbox-provisioner"
+# How a kernel sees the notebook's directory (the provisioner's ``files`` option).
+FILES_MODES = ("auto", "bind", "copy", "none")
 NAME_RE = re.compile(r"^[a-z0-9](?:[-a-z0-9]{0,40}[a-z0-9])?$")
 
 
@@ -27,12 +29,19 @@ def make_kernelspec(
     backend: str = "local",
     display_name: str | None = None,
     backend_options: dict[str, Any] | None = None,
+    files: str = "auto",
 ) -> dict[str, Any]:
     if not NAME_RE.match(pool):
         raise ValueError(f"pool name {pool!r} is not valid (lower-case letters, digits, '-')")
     if backend not in ("local", "kubernetes"):
         raise ValueError(f"backend must be 'local' or 'kubernetes', not {backend!r}")
+    if files not in FILES_MODES:
+        raise ValueError(f"files must be one of {', '.join(FILES_MODES)}, not {files!r}")
+    if files == "bind" and backend != "local":
+        raise ValueError("files 'bind' needs the local backend; use 'copy' on Kubernetes")
     config: dict[str, Any] = {"pool": pool, "backend": backend}
+    if files != "auto":
+        config["files"] = files
     if backend_options:
         config["backend_options"] = backend_options
     where = "sandbox" if backend == "local" else "k8s sandbox"
@@ -60,10 +69,15 @@ def install_kernelspec(
     user: bool = False,
     prefix: str | None = None,
     name: str | None = None,
+    files: str = "auto",
 ) -> str:
     """Write the kernelspec (with the sandbox logo) and return where it went."""
     spec = make_kernelspec(
-        pool, backend=backend, display_name=display_name, backend_options=backend_options
+        pool,
+        backend=backend,
+        display_name=display_name,
+        backend_options=backend_options,
+        files=files,
     )
     name = name or kernelspec_name(pool, backend)
     with tempfile.TemporaryDirectory() as tmp:

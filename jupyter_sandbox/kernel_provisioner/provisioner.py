@@ -22,11 +22,12 @@ from typing import Any
 
 from jupyter_client.connect import KernelConnectionInfo
 from jupyter_client.provisioning.provisioner_base import KernelProvisionerBase
-from traitlets import Bool, Dict, Float, List, Unicode
+from traitlets import Bool, Dict, Enum, Float, Int, List, Unicode
 
 from ..control_plane.factory import get_control_plane
 from ..utils.background import background
 from .env import filter_env
+from .file_sync import FileSync, FileSyncError, Limits
 from .session import SandboxSession
 
 log = logging.getLogger(__name__)
@@ -63,6 +64,21 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
         "(local backend; default: the daemon's).",
     )
 
+    files = Enum(
+        ["auto", "bind", "copy", "none"],
+        "auto",
+        config=True,
+        help="How the kernel sees the notebook's directory. 'bind': the sandbox mounts it "
+        "(local backend; the pool's files option decides read-write or read-only); "
+        "'copy': it is copied into the workspace when the sandbox is claimed, and what the "
+        "kernel creates or changes is copied back at suspend, at shutdown and on demand "
+        "(any backend, warm claims stay warm); 'none': the kernel works in the workspace "
+        "only. 'auto': 'bind' on the local backend, 'copy' on Kubernetes.",
+    )
+    files_max_mb = Int(
+        512, config=True, help="Copy mode: at most this many MB are copied each way."
+    )
+
     _session: SandboxSession | None = None
 
     @property
@@ -87,6 +103,18 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
             # Outside a Jupyter server (nbclient, papermill --cwd, jupyter console) a
             # kernel works where its client does, as a local kernel would.
             files_dir, inherited = os.getcwd(), True
+        mode = (
+            self.files
+            if self.files != "auto"
+            else ("copy" if self.backend == "kubernetes" else "bind")
+        )
+        file_sync = None
+        if mode == "copy" and files_dir and _copyable(files_dir, inherited):
+            total = self.files_max_mb * 1024 * 1024
+            limits = Limits(max_file_bytes=min(Limits.max_file_bytes, total), max_total_bytes=total)
+            file_sync = FileSync(os.path.abspath(files_dir), limits)
+        if mode != "bind":
+            files_dir = None
         # A restarted server re-attaching passes the claim its kernel already has.
         existing_claim = kwargs.pop("sandbox_claim", None)
         if self._session is None:
@@ -111,6 +139,7 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
                 orphan_grace=self.orphan_grace,
                 files_dir=os.path.abspath(files_dir) if files_dir else None,
                 files_optional=inherited,
+                file_sync=file_sync,
             )
             try:
                 await background().run(self._session.start())
@@ -167,6 +196,13 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
         else:
             await background().run(session.bridge.close())
 
+    async def copy_files_back(self) -> dict[str, Any]:
+        """Copy mode: bring what the kernel created or changed back now; the report."""
+        if self._session is None:
+            raise FileSyncError("the kernel has no sandbox", status=409)
+        report = await background().run(self._session.copy_back())
+        return report.to_json()
+
     async def suspend(self) -> None:
         if self._session is not None:
             await background().run(self._session.suspend())
@@ -203,3 +239,15 @@ async def _plane(backend: str, options: dict[str, Any]) -> Any:
 def _label_value(value: str) -> str:
     cleaned = "".join(c if c.isalnum() or c in "-_." else "-" for c in value)[:63].strip("-_.")
     return cleaned or "unknown"
+
+
+def _copyable(directory: str, inherited: bool) -> bool:
+    """Never copy the filesystem root; nor the home directory a client merely ran in."""
+    real = os.path.realpath(directory)
+    if real == "/":
+        return False
+    home = os.path.realpath(os.path.expanduser("~"))
+    if inherited and (real == home or home.startswith(real.rstrip("/") + "/")):
+        log.info("not copying %s into the sandbox: it is the home directory", real)
+        return False
+    return True

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..control_plane.base import (
+    ClaimError,
     ClaimNotFound,
     ClaimRequest,
     ClaimStatus,
@@ -23,6 +24,7 @@ from ..control_plane.base import (
     Phase,
 )
 from .bridge import Bridge, KernelIdentity
+from .file_sync import FileSync, FileSyncError, SyncReport
 from .runtime_client import RuntimeError_, call
 
 log = logging.getLogger(__name__)
@@ -58,10 +60,14 @@ class SandboxSession:
         orphan_grace: float | None = None,
         files_dir: str | None = None,
         files_optional: bool = False,
+        file_sync: FileSync | None = None,
     ) -> None:
         self.plane = plane
         self.files_dir = files_dir
         self.files_optional = files_optional
+        # Copies the notebook's directory in and the kernel's changes back (copy mode).
+        self.file_sync = file_sync
+        self._sync_lock = asyncio.Lock()
         self.pool = pool
         self.labels = labels
         self.env = env
@@ -92,6 +98,7 @@ class SandboxSession:
     async def start(self) -> dict[str, int]:
         """Claim a sandbox (or re-attach to ``claim_name``) and connect the bridge."""
         self.progress.set("claiming", f"claiming a sandbox from pool {self.pool!r}")
+        adopting = self.claim_name is not None
         if self.claim_name is None:
             status = await self.plane.claim(
                 ClaimRequest(
@@ -117,12 +124,13 @@ class SandboxSession:
                 await self.plane.resume(self.claim_name)
         try:
             status = await self.plane.wait_ready(self.claim_name, self.claim_timeout)
+            self._set_status(status)
+            await self._copy_in(adopting)
         except BaseException:
-            # A claim that never became ready must not leak.
+            # A claim that never became ready (or never got its files) must not leak.
             self.progress.set("failed", "the sandbox did not become ready")
-            await self.release()
+            await self.release(copy_back=False)
             raise
-        self._set_status(status)
         if status.warm is not None:
             self.progress.warm = status.warm  # Kubernetes knows only once the claim is bound
         ports = self.bridge.bind()
@@ -131,6 +139,51 @@ class SandboxSession:
         await self._await_kernel(lambda: self.expected is not None and self.exit_code is None)
         self.progress.set("ready", "claimed a warm sandbox" if status.warm else "cold start")
         return ports
+
+    async def _copy_in(self, adopting: bool) -> None:
+        if self.file_sync is None or self.suspended:
+            return
+        assert self.endpoint is not None
+        try:
+            if adopting:
+                await self.file_sync.adopt(self.endpoint)
+                return
+            self.progress.set("copying", f"copying {self.file_sync.root} into the sandbox")
+            report = await self.file_sync.copy_in(self.endpoint)
+        except FileSyncError as exc:
+            raise ClaimError(
+                f"copying the notebook's directory into the sandbox failed: {exc}"
+            ) from None
+        log.info("claim %s: %s", self.claim_name, report.summary())
+
+    async def copy_back(self) -> SyncReport:
+        """Copy what the kernel created or changed back to the notebook's directory."""
+        if self.file_sync is None:
+            raise FileSyncError(
+                "this kernel's sandbox has no copy of the notebook's directory", status=409
+            )
+        if self.suspended or self.endpoint is None:
+            raise FileSyncError(
+                "the sandbox is suspended; its files were copied back then", status=409
+            )
+        async with self._sync_lock:
+            report = await self.file_sync.copy_back(self.endpoint)
+        if report.copied or report.conflicts or report.skipped:
+            log.info("claim %s: %s", self.claim_name, report.summary())
+        return report
+
+    async def _copy_back_quietly(self, when: str) -> None:
+        if self.file_sync is None or self.suspended or self.endpoint is None:
+            return
+        try:
+            await self.copy_back()
+        except FileSyncError as exc:
+            log.error(
+                "claim %s: the kernel's files were not copied back at %s: %s",
+                self.claim_name,
+                when,
+                exc,
+            )
 
     def _set_status(self, status: ClaimStatus) -> None:
         self.status = status
@@ -243,6 +296,7 @@ class SandboxSession:
         if self.suspended or self.claim_name is None:
             return
         self.progress.set("suspending", "releasing compute, keeping the workspace")
+        await self._copy_back_quietly("suspend")
         self.suspended = True
         self.bridge.hold()
         status = await self.plane.suspend(self.claim_name)
@@ -297,10 +351,12 @@ class SandboxSession:
 
     # -- release ----------------------------------------------------------------
 
-    async def release(self) -> None:
+    async def release(self, copy_back: bool = True) -> None:
         """Delete the claim (idempotent) and close the bridge."""
         if self.released:
             return
+        if copy_back:
+            await self._copy_back_quietly("shutdown")
         self.released = True
         await self.bridge.close()
         if self.claim_name is not None:
@@ -328,4 +384,16 @@ class SandboxSession:
             "kernel": self.kernel,
             "created": status.created if status else None,
             "resources": status.resources if status else {},
+            "files": self._describe_files(),
+        }
+
+    def _describe_files(self) -> dict[str, Any] | None:
+        sync = self.file_sync
+        if sync is None:
+            return None
+        return {
+            "mode": "copy",
+            "dir": sync.root,
+            "copied_in": sync.first.summary() if sync.first else None,
+            "last": sync.last.to_json() if sync.last else None,
         }

@@ -23,6 +23,7 @@ from tornado.iostream import StreamClosedError
 
 from ..control_plane.base import ClaimError
 from ..control_plane.factory import get_control_plane
+from ..kernel_provisioner.file_sync import FileSyncError
 from ..kernel_provisioner.provisioner import SandboxProvisioner
 from ..utils.background import background
 from .events import EventHub, kernel_entry, offer
@@ -30,7 +31,7 @@ from .events import EventHub, kernel_entry, offer
 AUTH_RESOURCE = "kernels"
 # The shape jupyter_server itself routes for kernel ids.
 KERNEL_ID_RE = re.compile(r"^(?=.{1,64}$)\w+-\w+-\w+-\w+-\w+$", re.ASCII)
-ACTIONS = ("suspend", "resume")
+ACTIONS = ("suspend", "resume", "copy-back")
 BACKENDS = ("local", "kubernetes")
 KEEPALIVE_SECONDS = 15.0
 HUB_SETTING = "jupyter_sandbox_events"
@@ -129,10 +130,15 @@ class KernelActionHandler(SandboxAPIHandler):
         try:
             if action == "suspend":
                 await provisioner.suspend()
-            else:
+            elif action == "resume":
                 await provisioner.resume()
+            else:
+                # Copy mode: bring the kernel's files back now; the report is in the model.
+                await provisioner.copy_files_back()
         except ClaimError as exc:
             raise web.HTTPError(exc.status, exc.message, reason=exc.reason) from None
+        except FileSyncError as exc:
+            raise web.HTTPError(exc.status, str(exc), reason="FileSync") from None
         finally:
             if self.hub is not None:
                 self.hub.poke()
