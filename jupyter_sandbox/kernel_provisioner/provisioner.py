@@ -109,7 +109,9 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
             else ("copy" if self.backend == "kubernetes" else "bind")
         )
         file_sync = None
-        if mode == "copy" and files_dir and _copyable(files_dir, inherited):
+        # Copied only when a client names the directory (a server, nbclient, papermill):
+        # a console started somewhere does not copy that somewhere along.
+        if mode == "copy" and files_dir and not inherited and _copyable(files_dir):
             total = self.files_max_mb * 1024 * 1024
             limits = Limits(max_file_bytes=min(Limits.max_file_bytes, total), max_total_bytes=total)
             file_sync = FileSync(os.path.abspath(files_dir), limits)
@@ -241,13 +243,9 @@ def _label_value(value: str) -> str:
     return cleaned or "unknown"
 
 
-def _copyable(directory: str, inherited: bool) -> bool:
-    """Never copy the filesystem root; nor the home directory a client merely ran in."""
-    real = os.path.realpath(directory)
-    if real == "/":
-        return False
-    home = os.path.realpath(os.path.expanduser("~"))
-    if inherited and (real == home or home.startswith(real.rstrip("/") + "/")):
-        log.info("not copying %s into the sandbox: it is the home directory", real)
+def _copyable(directory: str) -> bool:
+    """Never copy the filesystem root into a sandbox."""
+    if os.path.realpath(directory) == "/":
+        log.warning("not copying / into the sandbox")
         return False
     return True

@@ -396,4 +396,5 @@ class SandboxSession:
             "dir": sync.root,
             "copied_in": sync.first.summary() if sync.first else None,
             "last": sync.last.to_json() if sync.last else None,
+            "last_summary": sync.last.summary() if sync.last else None,
         }

@@ -45,6 +45,13 @@ export function resumeKernel(kernelId: string): Promise<IKernelEntry> {
   });
 }
 
+/** Copy mode: bring what the kernel created or changed back to the notebook's directory. */
+export function copyFilesBack(kernelId: string): Promise<IKernelEntry> {
+  return requestAPI<IKernelEntry>(`kernels/${encodeURIComponent(kernelId)}/copy-back`, {
+    method: 'POST'
+  });
+}
+
 export function kernelDetails(kernelId: string): Promise<IKernelEntry> {
   return requestAPI<IKernelEntry>(`kernels/${encodeURIComponent(kernelId)}?fresh=true`);
 }

@@ -17,7 +17,13 @@ import { ReadonlyPartialJSONObject } from '@lumino/coreutils';
 import { ISignal } from '@lumino/signaling';
 import { Widget } from '@lumino/widgets';
 
-import { kernelDetails, resumeKernel, SandboxEvents, suspendKernel } from './api';
+import {
+  copyFilesBack,
+  kernelDetails,
+  resumeKernel,
+  SandboxEvents,
+  suspendKernel
+} from './api';
 import { ISnapshot, progressText, sandboxSpecInfo } from './model';
 import { detailsNode, IActiveKernel, SandboxPanel, SandboxStatus, sandboxIcon } from './widgets';
 
@@ -27,6 +33,7 @@ export namespace CommandIDs {
   export const suspend = 'jupyter-sandbox:suspend';
   export const resume = 'jupyter-sandbox:resume';
   export const details = 'jupyter-sandbox:details';
+  export const copyBack = 'jupyter-sandbox:copy-back';
   export const showPanel = 'jupyter-sandbox:show-panel';
   export const newNotebook = 'jupyter-sandbox:new-notebook';
   export const newConsole = 'jupyter-sandbox:new-console';
@@ -110,7 +117,12 @@ const plugin: JupyterFrontEndPlugin<void> = {
     const activeKernelId = (): string | null => active()?.id ?? null;
     const updateActive = () => {
       status.setActive(active());
-      for (const id of [CommandIDs.suspend, CommandIDs.resume, CommandIDs.details]) {
+      for (const id of [
+        CommandIDs.suspend,
+        CommandIDs.resume,
+        CommandIDs.details,
+        CommandIDs.copyBack
+      ]) {
         if (commands.hasCommand(id)) {
           commands.notifyCommandChanged(id);
         }
@@ -242,14 +254,50 @@ const plugin: JupyterFrontEndPlugin<void> = {
       }
     });
 
-    for (const command of [CommandIDs.suspend, CommandIDs.resume, CommandIDs.details]) {
+    commands.addCommand(CommandIDs.copyBack, {
+      label: 'Copy Sandbox Files Back',
+      caption:
+        "Copy what the kernel created or changed into the notebook's directory now " +
+        '(also done at suspend and shutdown)',
+      isVisible: args => !args.toolbar && (!!activeEntry(args)?.sandbox.files || !!args.kernelId),
+      isEnabled: args => {
+        const entry = activeEntry(args);
+        return !!entry?.sandbox.files && !entry.sandbox.suspended;
+      },
+      execute: async args => {
+        const kernelId = targetKernel(args);
+        if (!kernelId) {
+          return;
+        }
+        try {
+          const entry = await copyFilesBack(kernelId);
+          events.updateKernel(entry);
+          if (commands.hasCommand('filebrowser:refresh')) {
+            void commands.execute('filebrowser:refresh');
+          }
+          const summary = entry.sandbox.files?.last_summary ?? 'done';
+          const type = entry.sandbox.files?.last?.conflicts.length ? 'warning' : 'success';
+          Notification.emit(`Sandbox files: ${summary}.`, type, { autoClose: 8000 });
+        } catch (err) {
+          Notification.error(`Could not copy the sandbox's files back: ${(err as Error).message}`);
+        }
+      }
+    });
+
+    for (const command of [
+      CommandIDs.suspend,
+      CommandIDs.resume,
+      CommandIDs.details,
+      CommandIDs.copyBack
+    ]) {
       palette?.addItem({ command, category: CATEGORY });
     }
     mainMenu?.kernelMenu.addGroup(
       [
         { command: CommandIDs.suspend },
         { command: CommandIDs.resume },
-        { command: CommandIDs.details }
+        { command: CommandIDs.details },
+        { command: CommandIDs.copyBack }
       ],
       1000
     );

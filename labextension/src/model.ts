@@ -26,6 +26,20 @@ export interface ISandboxDescription {
   kernel?: Record<string, unknown>;
   created?: number | null;
   resources?: Record<string, unknown>;
+  /** Copy mode only: the notebook's directory copied in, and the last copy back. */
+  files?: ICopiedFiles | null;
+}
+
+export interface ICopiedFiles {
+  mode: 'copy';
+  dir: string;
+  copied_in: string | null;
+  last: {
+    direction: 'in' | 'back';
+    at: number;
+    conflicts: { path: string; written_as: string }[];
+  } | null;
+  last_summary: string | null;
 }
 
 export interface IKernelEntry {

@@ -419,6 +419,14 @@ export function detailsNode(entry: IKernelEntry): HTMLElement {
     ...((entry.claim_status?.resources as Record<string, unknown>) ?? {})
   };
   rows.push(...resourceRows(resources));
+  const files = sandbox.files;
+  if (files) {
+    rows.push(['Notebook files', `copied from ${files.dir}`]);
+    rows.push(['Copied in', files.copied_in ?? '–']);
+    if (files.last?.direction === 'back' && files.last_summary) {
+      rows.push(['Last copied back', files.last_summary]);
+    }
+  }
   const table = el('table', { class: 'jp-SandboxDetails' });
   for (const [key, value] of rows) {
     const th = el('th', {}, key);

@@ -136,7 +136,14 @@ async def test_nbclient_runs_a_notebook_in_a_real_pod(kube, warm_pool, kernelspe
         nbformat.v4.new_code_cell("import socket, sys\nhost = socket.gethostname()"),
         nbformat.v4.new_code_cell("print(host.startswith('python-'), sys.version_info[:2])"),
         nbformat.v4.new_code_cell("sum(range(10))"),
+        # Copy mode (a Kubernetes kernelspec's default): the notebook's directory is
+        # copied into the pod, and what the notebook writes comes back at shutdown.
+        nbformat.v4.new_code_cell(
+            "import os\nprint(os.getcwd(), open('data.csv').read().split()[1])\n"
+            "open('result.txt', 'w').write(host)"
+        ),
     ]
+    (tmp_path / "data.csv").write_text("a\n7\n")
 
     class KM(AsyncKernelManager):  # nbclient makes (and owns, so shuts down) the manager
         def __init__(self, **kw):
@@ -149,10 +156,12 @@ async def test_nbclient_runs_a_notebook_in_a_real_pod(kube, warm_pool, kernelspe
         kernel_manager_class=KM,
         timeout=120,
         iopub_timeout=30,
-        cwd=str(tmp_path),
+        resources={"metadata": {"path": str(tmp_path)}},
     )
     await client.async_execute()
     assert nb.cells[1].outputs[0]["text"] == "True (3, 11)\n"
     assert nb.cells[2].outputs[0]["data"]["text/plain"] == "45"
+    assert nb.cells[3].outputs[0]["text"] == "/workspace 7\n"
+    assert (tmp_path / "result.txt").read_text().startswith("python-"), "copied back from the pod"
     # nbclient shut the kernel down: its claim is gone
     wait_for(lambda: not kube.list(CLAIM), 60, what="claim deleted after nbclient")

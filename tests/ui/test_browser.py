@@ -353,6 +353,57 @@ def _in_order(states: list[str], wanted: list[str]) -> bool:
     return position == len(wanted)
 
 
+def test_a_copy_mode_notebook_gets_its_files_back_on_demand(tmp_path: Path) -> None:
+    """Copy mode from JupyterLab: inputs are there, the command brings outputs back."""
+    import nbformat
+    from nbformat.v4 import new_notebook
+    from playwright.sync_api import expect
+
+    from jupyter_sandbox.kernelspec import install_kernelspec
+
+    from ..conftest import ROOT
+
+    display = "Python 3 (sandbox: default, files copied)"
+    install_kernelspec(
+        "default", prefix=str(ROOT), name="sandbox-copy", files="copy", display_name=display
+    )
+    with lab_in_browser(tmp_path) as (lab, page, shots):
+        folder = lab.root / "project"
+        folder.mkdir()
+        (folder / "data.csv").write_text("a\n21\n")
+        nb = new_notebook()
+        nb.metadata["kernelspec"] = {
+            "name": "sandbox-copy",
+            "display_name": display,
+            "language": "python",
+        }
+        nbformat.write(nb, folder / "analysis.ipynb")
+        page.goto(f"{lab.url}/lab/tree/project/analysis.ipynb?token={lab.token}")
+        status = page.locator(".jp-SandboxStatus")
+        expect(status).to_have_attribute("data-sandbox-state", "idle", timeout=TIMEOUT_MS)
+        run_cell(
+            page,
+            "x = int(open('data.csv').read().split()[1]); print('read', x); "
+            "open('twice.txt', 'w').write(str(2 * x))",
+            "read 21",
+        )
+        assert not (folder / "twice.txt").exists(), "a copy, not a mount"
+        run_command(page, "Copy Sandbox Files Back")
+        toast = page.locator(".Toastify__toast", has_text="copied back")
+        toast.wait_for()
+        assert "1 file(s) copied back" in toast.inner_text(), toast.inner_text()
+        assert (folder / "twice.txt").read_text() == "42"
+        page.screenshot(path=str(shots / "20-copied-back.png"))
+        run_command(page, "Show Sandbox Details")
+        dialog = page.locator(".jp-Dialog")
+        dialog.locator(".jp-SandboxDetails").wait_for()
+        details = dialog.inner_text()
+        assert f"copied from {folder.resolve()}" in details, details
+        assert "Last copied back" in details, details
+        page.screenshot(path=str(shots / "21-details-copy-mode.png"))
+        dialog.locator("button", has_text="Close").click()
+
+
 def test_a_culled_notebook_reopens_without_a_crash_dialog(tmp_path: Path) -> None:
     from playwright.sync_api import expect
 
