@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 
 from jupyter_sandbox.client import SandboxClient
@@ -21,9 +22,15 @@ from jupyter_sandbox.control_plane.local.paths import state_dir
 def main() -> int:
     probe = sys.stdin.read()
     result: dict[str, object] = {"state_dir": str(state_dir())}
+    # A pool of the attacker's choosing: ATTACK_POOL_SPEC is its JSON spec.
+    pool = "default"
+    spec = os.environ.get("ATTACK_POOL_SPEC")
     try:
+        if spec:
+            pool = "attack"
+            asyncio.run(_apply_pool(pool, json.loads(spec)))
         with SandboxClient() as client:
-            with client.create_sandbox(warmpool="default", sandbox_ready_timeout=120) as sb:
+            with client.create_sandbox(warmpool=pool, sandbox_ready_timeout=120) as sb:
                 run = sb.commands.run(f"python3 -c {_quote(probe)}", timeout=60)
                 result.update(stdout=run.stdout, stderr=run.stderr, exit_code=run.exit_code)
     finally:
@@ -34,6 +41,14 @@ def main() -> int:
 
 def _quote(code: str) -> str:
     return "'" + code.replace("'", "'\"'\"'") + "'"
+
+
+async def _apply_pool(name: str, spec: dict[str, object]) -> None:
+    plane = LocalControlPlane()
+    try:
+        await plane.apply_pool(name, spec)
+    finally:
+        await plane.close()
 
 
 async def _stop() -> None:
