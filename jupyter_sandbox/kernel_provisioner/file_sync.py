@@ -21,23 +21,18 @@ The sandbox is untrusted in both directions:
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import json
 import logging
 import os
 import stat
 import tempfile
 import time
-import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
-from urllib.parse import quote
-
-from tornado import httpclient
+from typing import Any, BinaryIO
 
 from ..control_plane.base import Endpoint
+from . import runtime_files
 
 log = logging.getLogger(__name__)
 
@@ -191,7 +186,9 @@ class FileSync:
         report = SyncReport("in")
         files, report.skipped = collect(self.root, self.limits)
         if files:
-            await self._upload(endpoint, files)
+            parts = [runtime_files.UploadPart(rel, size, self._opener(rel)) for rel, size in files]
+            with _as_sync_error():
+                await runtime_files.upload(endpoint, parts)
         for rel, size in files:
             st = os.stat(os.path.join(self.root, rel), follow_symlinks=False)
             self._host[rel] = (st.st_size, st.st_mtime_ns)
@@ -201,46 +198,8 @@ class FileSync:
         self.first = self.last = report
         return report
 
-    async def _upload(self, endpoint: Endpoint, files: list[tuple[str, int]]) -> None:
-        boundary = uuid.uuid4().hex
-        heads = [
-            (
-                f'--{boundary}\r\nContent-Disposition: form-data; name="file"; '
-                f'filename="{quote(rel, safe="/")}"\r\n'
-                "Content-Type: application/octet-stream\r\n\r\n"
-            ).encode()
-            for rel, _ in files
-        ]
-        tail = f"--{boundary}--\r\n".encode()
-        length = sum(len(h) + size + 2 for h, (_, size) in zip(heads, files, strict=True))
-        length += len(tail)
-
-        async def produce(write: Callable[[bytes], Any]) -> None:
-            for head, (rel, size) in zip(heads, files, strict=True):
-                await write(head)
-                sent = 0
-                with open(os.path.join(self.root, rel), "rb") as handle:
-                    while sent < size and (chunk := handle.read(min(1 << 20, size - sent))):
-                        await write(chunk)
-                        sent += len(chunk)
-                if sent != size:
-                    raise FileSyncError(f"{rel} changed while it was being copied")
-                await write(b"\r\n")
-            await write(tail)
-
-        request = httpclient.HTTPRequest(
-            endpoint.url("upload"),
-            method="POST",
-            headers={
-                **endpoint.headers(),
-                "Content-Type": f"multipart/form-data; boundary={boundary}",
-                "Content-Length": str(length),
-            },
-            body_producer=lambda write: asyncio.ensure_future(produce(write)),
-            request_timeout=600,
-            connect_timeout=10,
-        )
-        await self._fetch(request, "upload")
+    def _opener(self, rel: str) -> Callable[[], BinaryIO]:
+        return lambda: open(os.path.join(self.root, rel), "rb")
 
     async def adopt(self, endpoint: Endpoint) -> None:
         """Take over a sandbox copied into by an earlier run of the server (no copy-in)."""
@@ -300,8 +259,8 @@ class FileSync:
         dest = os.path.join(self.root, dest_rel)
         fd, temp = tempfile.mkstemp(prefix=".sandbox-copy-", dir=directory)
         try:
-            with os.fdopen(fd, "wb") as handle:
-                await self._download(endpoint, rel, handle, size)
+            with os.fdopen(fd, "wb") as handle, _as_sync_error():
+                await runtime_files.download(endpoint, rel, handle.write, size)
             os.chmod(temp, 0o644)  # never the execute bit the sandbox gave it
             os.replace(temp, dest)
         except BaseException:
@@ -332,56 +291,15 @@ class FileSync:
                 raise FileSyncError(f"{path} on the host is not a directory")
         return path
 
-    async def _download(self, endpoint: Endpoint, rel: str, handle: Any, size: int) -> None:
-        received = 0
-        status = 0
-        error = bytearray()
-
-        def head(line: str) -> None:
-            nonlocal status
-            if line.startswith("HTTP/"):
-                status = int(line.split()[1])
-
-        def take(chunk: bytes) -> None:
-            nonlocal received
-            if status >= 400:  # the runtime's refusal, for the report
-                error.extend(chunk[: 300 - len(error)])
-                return
-            received += len(chunk)
-            if received > size:
-                raise FileSyncError(f"{rel} grew while it was being copied")
-            handle.write(chunk)
-
-        request = httpclient.HTTPRequest(
-            endpoint.url("download/" + quote(rel, safe="/")),
-            headers=endpoint.headers(),
-            header_callback=head,
-            streaming_callback=take,
-            request_timeout=600,
-            connect_timeout=10,
-        )
-        try:
-            await self._fetch(request, f"download {rel}")
-        except FileSyncError as exc:
-            if error:
-                why = _runtime_message(bytes(error))
-                raise FileSyncError(f"the runtime refused it ({status}: {why})") from None
-            raise exc from None
-
     async def _list(self, endpoint: Endpoint) -> dict[str, tuple[int, float]]:
         """Every regular, visible file in the workspace: rel -> (size, mod_time)."""
         found: dict[str, tuple[int, float]] = {}
         pending = [("", 0)]
         while pending:
             prefix, depth = pending.pop()
-            request = httpclient.HTTPRequest(
-                endpoint.url("list/" + quote(prefix, safe="/")),
-                headers=endpoint.headers(),
-                request_timeout=60,
-                connect_timeout=10,
-            )
-            body = await self._fetch(request, f"list {prefix or '.'}")
-            for entry in json.loads(body or b"[]"):
+            with _as_sync_error():
+                entries = await runtime_files.list_dir(endpoint, prefix)
+            for entry in entries:
                 name = str(entry.get("name", ""))
                 if not valid_component(name):
                     continue
@@ -394,33 +312,13 @@ class FileSync:
                 found[prefix + name] = (int(entry.get("size", 0)), float(entry.get("mod_time", 0)))
         return found
 
-    async def _fetch(self, request: httpclient.HTTPRequest, what: str) -> bytes:
-        client = httpclient.AsyncHTTPClient(force_instance=True, max_body_size=1 << 40)
-        try:
-            response = await client.fetch(request, raise_error=False)
-        except FileSyncError:
-            raise
-        except Exception as exc:  # a callback's error or a dropped connection
-            cause = exc.__context__ if isinstance(exc.__context__, FileSyncError) else None
-            if cause is not None:
-                raise cause from None
-            raise FileSyncError(f"{what}: sandbox runtime unreachable: {exc}") from None
-        finally:
-            client.close()
-        if response.code == 599 or response.code >= 400:
-            if isinstance(response.error, FileSyncError):
-                raise response.error
-            why = _runtime_message(response.body or b"")
-            raise FileSyncError(f"{what}: the runtime answered {response.code} {why}".strip())
-        return response.body or b""
 
-
-def _runtime_message(body: bytes) -> str:
-    """The ``message`` of a runtime's JSON error, else the start of the body."""
+@contextlib.contextmanager
+def _as_sync_error() -> Iterator[None]:
     try:
-        return str(json.loads(body)["message"])
-    except (ValueError, KeyError, TypeError):
-        return body.decode(errors="replace")[:200]
+        yield
+    except runtime_files.RuntimeFileError as exc:
+        raise FileSyncError(str(exc), exc.status) from None
 
 
 __all__ = ["FileSync", "FileSyncError", "Limits", "SyncReport", "collect", "conflict_name"]
