@@ -9,13 +9,14 @@ from jupyter_server.services.kernels.connection.channels import ZMQChannelsWebso
 from .connection import SandboxWebsocketConnection
 from .events import EventHub
 from .handlers import HUB_SETTING, default_handlers
+from .workspace import workspace_handlers
 
 
 def _load_jupyter_server_extension(serverapp: Any) -> None:
     settings = serverapp.web_app.settings
     base = settings["base_url"]
     settings[HUB_SETTING] = EventHub(serverapp)
-    serverapp.web_app.add_handlers(".*$", default_handlers(base))
+    serverapp.web_app.add_handlers(".*$", workspace_handlers(base) + default_handlers(base))
     # Only replace jupyter_server's own class; another extension's choice wins.
     if settings.get("kernel_websocket_connection_class") is ZMQChannelsWebsocketConnection:
         settings["kernel_websocket_connection_class"] = SandboxWebsocketConnection
