@@ -7,6 +7,7 @@ import {
   showDialog
 } from '@jupyterlab/apputils';
 import { IConsoleTracker } from '@jupyterlab/console';
+import { IDocumentManager } from '@jupyterlab/docmanager';
 import { ILauncher } from '@jupyterlab/launcher';
 import { IMainMenu } from '@jupyterlab/mainmenu';
 import { INotebookTracker } from '@jupyterlab/notebook';
@@ -26,6 +27,7 @@ import {
 } from './api';
 import { ISnapshot, progressText, sandboxSpecInfo } from './model';
 import { detailsNode, IActiveKernel, SandboxPanel, SandboxStatus, sandboxIcon } from './widgets';
+import { SandboxDrive, WorkspacePanel } from './workspace';
 
 import '../style/index.css';
 
@@ -71,7 +73,15 @@ const plugin: JupyterFrontEndPlugin<void> = {
   description: 'Sandboxed kernels: status bar, pools panel, suspend/resume, claim progress.',
   autoStart: true,
   requires: [INotebookTracker],
-  optional: [IStatusBar, ICommandPalette, ILauncher, IMainMenu, IConsoleTracker, ILabShell],
+  optional: [
+    IStatusBar,
+    ICommandPalette,
+    ILauncher,
+    IMainMenu,
+    IConsoleTracker,
+    ILabShell,
+    IDocumentManager
+  ],
   activate: (
     app: JupyterFrontEnd,
     tracker: INotebookTracker,
@@ -80,7 +90,8 @@ const plugin: JupyterFrontEndPlugin<void> = {
     launcher: ILauncher | null,
     mainMenu: IMainMenu | null,
     consoles: IConsoleTracker | null,
-    labShell: ILabShell | null
+    labShell: ILabShell | null,
+    docManager: IDocumentManager | null
   ) => {
     const { commands, serviceManager } = app;
     const specs = (): KernelSpec.ISpecModels | null => serviceManager.kernelspecs.specs;
@@ -115,8 +126,11 @@ const plugin: JupyterFrontEndPlugin<void> = {
       };
     };
     const activeKernelId = (): string | null => active()?.id ?? null;
+    // Set up below, with the side panel (it needs the session names).
+    let showWorkspace: ((kernelId: string | null) => void) | null = null;
     const updateActive = () => {
       status.setActive(active());
+      showWorkspace?.(activeKernelId());
       for (const id of [
         CommandIDs.suspend,
         CommandIDs.resume,
@@ -346,6 +360,25 @@ const plugin: JupyterFrontEndPlugin<void> = {
       sessionPath
     );
     app.shell.add(panel, 'left', { rank: 650 });
+
+    // -- the workspace of the focused kernel's sandbox, in a file browser ------
+    if (docManager) {
+      // The drive follows the panel: a file opened from it keeps its sandbox until
+      // another sandboxed notebook or console takes the focus.
+      let shown: string | null = null;
+      const drive = new SandboxDrive(serviceManager.serverSettings, () => shown);
+      serviceManager.contents.addDrive(drive);
+      const workspace = new WorkspacePanel(docManager);
+      app.shell.add(workspace, 'left', { rank: 651 });
+      showWorkspace = kernelId => {
+        const sandboxed = kernelId && events.kernel(kernelId) ? kernelId : null;
+        if (sandboxed !== shown) {
+          shown = sandboxed;
+        }
+        workspace.showSandbox(sandboxed ? (sessionPath(sandboxed) ?? sandboxed) : null, sandboxed);
+      };
+      updateActive();
+    }
     commands.addCommand(CommandIDs.showPanel, {
       label: 'Show Sandboxes Panel',
       execute: () => app.shell.activateById(panel.id)

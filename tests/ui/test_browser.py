@@ -404,6 +404,51 @@ def test_a_copy_mode_notebook_gets_its_files_back_on_demand(tmp_path: Path) -> N
         dialog.locator("button", has_text="Close").click()
 
 
+def test_the_sandbox_files_panel_browses_opens_and_uploads(tmp_path: Path) -> None:
+    """The workspace of the focused notebook's sandbox in JupyterLab's own file browser."""
+    from playwright.sync_api import expect
+
+    with lab_in_browser(tmp_path) as (lab, page, shots):
+        page.goto(f"{lab.url}/lab?token={lab.token}")
+        section = page.locator(".jp-Launcher-section", has_text="Sandboxed notebooks")
+        section.locator(".jp-LauncherCard", has_text=KERNEL_DISPLAY).click()
+        status = page.locator(".jp-SandboxStatus")
+        expect(status).to_have_attribute("data-sandbox-state", "idle", timeout=TIMEOUT_MS)
+        run_cell(
+            page,
+            "import os; home = os.path.expanduser('~'); os.makedirs(f'{home}/results', "
+            "exist_ok=True); open(f'{home}/results/table.csv', 'w').write('a,b\\n1,2\\n'); "
+            "print('wrote', home)",
+            "wrote",
+        )
+        page.locator(".lm-TabBar-tab[title^='Sandbox Files']").first.click()
+        workspace = page.locator("#jupyter-sandbox-workspace")
+        expect(workspace.locator(".jp-SandboxWorkspace-header")).to_contain_text("Untitled.ipynb")
+        listing = workspace.locator(".jp-DirListing-content")
+        folder = listing.locator(".jp-DirListing-item", has_text="results")
+        folder.wait_for()
+        folder.dblclick()
+        listing.locator(".jp-DirListing-item", has_text="table.csv").dblclick()
+        # Opened in JupyterLab's CSV viewer, from the sandbox.
+        page.locator(".lm-TabBar-tab", has_text="table.csv").wait_for()
+        page.screenshot(path=str(shots / "30-sandbox-files.png"))
+
+        # Upload into the sandbox; the kernel sees the file.
+        upload = tmp_path / "uploaded.txt"
+        upload.write_text("from the browser")
+        with page.expect_file_chooser() as chooser:
+            workspace.locator(".jp-ToolbarButtonComponent[title^='Upload']").click()
+        chooser.value.set_files(str(upload))
+        listing.locator(".jp-DirListing-item", has_text="uploaded.txt").wait_for()
+        page.locator(".lm-TabBar-tab", has_text="Untitled.ipynb").first.click()
+        run_cell(
+            page,
+            "print('sees', open(f'{home}/results/uploaded.txt').read())",
+            "sees from the browser",
+        )
+        page.screenshot(path=str(shots / "31-uploaded.png"))
+
+
 def test_a_culled_notebook_reopens_without_a_crash_dialog(tmp_path: Path) -> None:
     from playwright.sync_api import expect
 
