@@ -16,6 +16,7 @@ from tornado.netutil import bind_sockets, bind_unix_socket
 
 from .app import DEFAULT_MAX_BODY, make_app
 from .kernel_state import has_state
+from .paths import PACKAGES_DIR
 from .state import RuntimeState
 
 RESTORE_TIMEOUT = 300.0
@@ -53,6 +54,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def pip_target_env(env: dict[str, str]) -> None:
+    """``%pip install`` goes into the workspace, unless the launcher chose already.
+
+    The local backend sets it for its sandboxes; in a pod this is where it is set.
+    """
+    if "PIP_TARGET" in env:
+        return
+    packages = os.path.join(env["HOME"], PACKAGES_DIR)
+    # Present from the start, so packages installed later import without a restart.
+    os.makedirs(packages, exist_ok=True)
+    env["PIP_TARGET"] = packages
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH"), packages) if p)
+    env["PATH"] = os.pathsep.join(p for p in (env.get("PATH"), f"{packages}/bin") if p)
+
+
 async def serve(args: argparse.Namespace) -> None:
     workspace = os.path.realpath(args.workspace)
     os.makedirs(workspace, exist_ok=True)
@@ -61,6 +77,7 @@ async def serve(args: argparse.Namespace) -> None:
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("SANDBOX_RUNTIME_")}
     env.setdefault("HOME", workspace)
+    pip_target_env(env)
     state = RuntimeState(
         workspace=workspace,
         runtime_dir=runtime_dir,

@@ -1,8 +1,12 @@
-"""Confine user-supplied paths to the workspace."""
+"""The workspace's layout, and user-supplied paths confined to it."""
 
 from __future__ import annotations
 
 import os
+
+# Where ``%pip install`` puts packages: in the workspace, so they stay across a
+# suspend (and, on Kubernetes, live on the workspace volume).
+PACKAGES_DIR = ".local/packages"
 
 
 class PathRefused(ValueError):

@@ -16,6 +16,7 @@ from typing import Any
 
 from tornado.netutil import bind_unix_socket
 
+from ...runtime.paths import PACKAGES_DIR
 from . import seccomp_filter
 from .cgroups import SandboxCgroup
 from .isolation import (
@@ -43,9 +44,6 @@ BASE_ENV = {
     "MPLBACKEND": "module://matplotlib_inline.backend_inline",
     "PIP_DISABLE_PIP_VERSION_CHECK": "1",
 }
-# Where ``%pip install`` puts packages: in the workspace, so they stay across a
-# suspend, never in the shared (read-only) environment.
-PACKAGES_DIR = ".local/packages"
 
 
 @dataclass
