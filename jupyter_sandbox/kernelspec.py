@@ -45,10 +45,12 @@ def make_kernelspec(
     if backend_options:
         config["backend_options"] = backend_options
     where = "sandbox" if backend == "local" else "k8s sandbox"
+    # Two kernelspecs of one pool that see the files differently must not look alike.
+    how = "" if files == "auto" else f", files: {files}"
     return {
         # argv is what runs inside the sandbox's runtime; the provisioner never runs it here.
         "argv": ["python", "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-        "display_name": display_name or f"Python 3 ({where}: {pool})",
+        "display_name": display_name or f"Python 3 ({where}: {pool}{how})",
         "language": "python",
         "interrupt_mode": "message",
         "env": {},

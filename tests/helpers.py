@@ -10,8 +10,8 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -226,6 +226,24 @@ class KernelSocket:
             elif kind in ("stream", "display_data", "execute_result", "error"):
                 result.outputs.append(msg)
         return result
+
+
+@asynccontextmanager
+async def kernel_socket(
+    server: Server, name: str = "sandbox-default", path: str | None = None
+) -> AsyncIterator[tuple[str, KernelSocket]]:
+    """Start a kernel (for the notebook at ``path``) and connect to it like a browser tab.
+
+    The kernel outlives the block; tests shut it down when they want to see what stays.
+    """
+    body = {"name": name, **({"path": path} if path else {})}
+    model = await server.request("POST", "/api/kernels", body, expect=201)
+    kernel_id = str(model["id"])
+    ws = await KernelSocket(server, kernel_id).connect()
+    try:
+        yield kernel_id, ws
+    finally:
+        ws.close()
 
 
 async def start_kernel(server: Server, name: str = "sandbox-default") -> str:

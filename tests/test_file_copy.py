@@ -19,7 +19,7 @@ from nbformat.v4 import new_code_cell, new_notebook
 from jupyter_sandbox.kernelspec import install_kernelspec
 
 from .conftest import ROOT
-from .helpers import KernelSocket, Server, claims_for, jupyter_server, suspend_via_api
+from .helpers import Server, claims_for, jupyter_server, kernel_socket, suspend_via_api
 
 pytestmark = pytest.mark.usefixtures("warm_daemon")
 
@@ -44,11 +44,6 @@ def project(root: Path) -> Path:
     return folder
 
 
-async def start(server: Server, path: str) -> str:
-    model = await server.request("POST", "/api/kernels", {"name": KERNEL, "path": path}, expect=201)
-    return str(model["id"])
-
-
 async def copy_back(server: Server, kernel_id: str) -> dict:
     model = await server.request("POST", f"/api/sandbox/kernels/{kernel_id}/copy-back", expect=200)
     return dict(model["sandbox"]["files"]["last"])
@@ -57,12 +52,10 @@ async def copy_back(server: Server, kernel_id: str) -> dict:
 async def test_inputs_are_copied_in_and_outputs_come_back_at_shutdown(tmp_path: Path) -> None:
     with jupyter_server(tmp_path) as server:
         folder = project(server.root)
-        kernel_id = await start(server, "project/analysis.ipynb")
-        [claim] = await claims_for(kernel_id)
-        assert claim.warm, "copy mode keeps warm claims warm"
-        assert not claim.resources.get("files_dir"), "nothing of the host is mounted"
-        ws = await KernelSocket(server, kernel_id).connect()
-        try:
+        async with kernel_socket(server, KERNEL, "project/analysis.ipynb") as (kernel_id, ws):
+            [claim] = await claims_for(kernel_id)
+            assert claim.warm, "copy mode keeps warm claims warm"
+            assert not claim.resources.get("files_dir"), "nothing of the host is mounted"
             result = await ws.execute(
                 "import os, csv\n"
                 "rows = list(csv.reader(open('data.csv')))\n"
@@ -86,8 +79,6 @@ async def test_inputs_are_copied_in_and_outputs_come_back_at_shutdown(tmp_path: 
             assert files["mode"] == "copy" and files["dir"] == str(folder.resolve())
             assert "2 file(s) copied into the sandbox" in files["copied_in"], files
             assert "link.txt (a symlink)" in files["copied_in"], files
-        finally:
-            ws.close()
         await server.request("DELETE", f"/api/kernels/{kernel_id}", expect=204)
         assert (folder / "out.csv").read_text() == "total\n6\n", "outputs outlive the kernel"
         assert (folder / "results" / "plots" / "p.txt").read_text() == "plot"
@@ -100,9 +91,7 @@ async def test_inputs_are_copied_in_and_outputs_come_back_at_shutdown(tmp_path: 
 async def test_a_file_changed_on_both_sides_is_kept_twice(tmp_path: Path) -> None:
     with jupyter_server(tmp_path) as server:
         folder = project(server.root)
-        kernel_id = await start(server, "project/x.ipynb")
-        ws = await KernelSocket(server, kernel_id).connect()
-        try:
+        async with kernel_socket(server, KERNEL, "project/x.ipynb") as (kernel_id, ws):
             (folder / "data.csv").write_text("edited on the host\n")
             result = await ws.execute(
                 "open('data.csv', 'w').write('edited in the sandbox\\n')\n"
@@ -110,8 +99,6 @@ async def test_a_file_changed_on_both_sides_is_kept_twice(tmp_path: Path) -> Non
             )
             assert result.status == "ok", result.reply
             report = await copy_back(server, kernel_id)
-        finally:
-            ws.close()
         assert report["conflicts"] == [
             {"path": "data.csv", "written_as": "data.from-sandbox.csv"}
         ], report
@@ -129,9 +116,7 @@ async def test_what_a_kernel_plants_does_not_reach_the_host(tmp_path: Path) -> N
     """Hooks, profiles, links and traversal names written inside stay inside."""
     with jupyter_server(tmp_path) as server:
         folder = project(server.root)
-        kernel_id = await start(server, "project/x.ipynb")
-        ws = await KernelSocket(server, kernel_id).connect()
-        try:
+        async with kernel_socket(server, KERNEL, "project/x.ipynb") as (kernel_id, ws):
             result = await ws.execute(
                 "import os\n"
                 "os.makedirs('.git/hooks', exist_ok=True)\n"
@@ -145,8 +130,6 @@ async def test_what_a_kernel_plants_does_not_reach_the_host(tmp_path: Path) -> N
             )
             assert result.status == "ok", result.reply
             report = await copy_back(server, kernel_id)
-        finally:
-            ws.close()
         assert report["copied"] == ["fine.txt"], report
         assert not (folder / ".git" / "hooks").exists()
         assert not (folder / ".bashrc").exists()
@@ -161,9 +144,7 @@ async def test_what_a_kernel_plants_does_not_reach_the_host(tmp_path: Path) -> N
 async def test_a_suspend_copies_the_files_back(tmp_path: Path) -> None:
     with jupyter_server(tmp_path) as server:
         folder = project(server.root)
-        kernel_id = await start(server, "project/x.ipynb")
-        ws = await KernelSocket(server, kernel_id).connect()
-        try:
+        async with kernel_socket(server, KERNEL, "project/x.ipynb") as (kernel_id, ws):
             await ws.execute("open('before-cull.txt', 'w').write('kept')")
             await suspend_via_api(server, kernel_id)
             assert (folder / "before-cull.txt").read_text() == "kept"
@@ -174,8 +155,6 @@ async def test_a_suspend_copies_the_files_back(tmp_path: Path) -> None:
             assert "suspended" in response["message"], response
             again = await ws.execute("print(open('before-cull.txt').read())")
             assert "kept" in again.stdout, again.stdout
-        finally:
-            ws.close()
         await server.request("DELETE", f"/api/kernels/{kernel_id}", expect=204)
 
 

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from tornado import httpclient
 
-from .helpers import KernelSocket, Server, jupyter_server, start_kernel, suspend_via_api
+from .helpers import Server, jupyter_server, kernel_socket, start_kernel, suspend_via_api
 
 pytestmark = pytest.mark.usefixtures("warm_daemon")
 
@@ -45,10 +45,8 @@ async def raw(server: Server, method: str, path: str, body: bytes | None = None)
 
 async def test_browse_open_download_and_upload(tmp_path: Path) -> None:
     with jupyter_server(tmp_path) as server:
-        kernel_id = await start_kernel(server)
-        base = f"/api/sandbox/kernels/{kernel_id}"
-        ws = await KernelSocket(server, kernel_id).connect()
-        try:
+        async with kernel_socket(server) as (kernel_id, ws):
+            base = f"/api/sandbox/kernels/{kernel_id}"
             result = await ws.execute(WRITE_FILES)
             assert result.status == "ok", result.reply
 
@@ -89,17 +87,13 @@ async def test_browse_open_download_and_upload(tmp_path: Path) -> None:
                 " open(f'{home}/chunked.bin').read())"
             )
             assert seen.stdout.split() == ["uploaded", "one-two-end"], seen.stdout
-        finally:
-            ws.close()
         await server.request("DELETE", f"/api/kernels/{kernel_id}", expect=204)
 
 
 async def test_paths_out_of_the_workspace_are_refused(tmp_path: Path) -> None:
     with jupyter_server(tmp_path) as server:
-        kernel_id = await start_kernel(server)
-        base = f"/api/sandbox/kernels/{kernel_id}"
-        ws = await KernelSocket(server, kernel_id).connect()
-        try:
+        async with kernel_socket(server) as (kernel_id, ws):
+            base = f"/api/sandbox/kernels/{kernel_id}"
             assert (await ws.execute(WRITE_FILES)).status == "ok"
             for path in (
                 "contents/../../../etc/passwd",
@@ -120,8 +114,6 @@ async def test_paths_out_of_the_workspace_are_refused(tmp_path: Path) -> None:
             body = json.dumps({"type": "file", "format": "text", "content": "x"}).encode()
             response = await raw(server, "PUT", f"{base}/contents/../escape.txt", body)
             assert response.code == 400, response.code
-        finally:
-            ws.close()
         await server.request("DELETE", f"/api/kernels/{kernel_id}", expect=204)
 
 

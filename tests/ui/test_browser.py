@@ -160,6 +160,21 @@ def run_cell(page: Any, code: str, expect: str) -> None:
     page.locator(".jp-OutputArea-output", has_text=expect).first.wait_for(timeout=TIMEOUT_MS)
 
 
+def launch(page: Any, lab: Lab, section: str = "Sandboxed notebooks") -> Any:
+    """Open JupyterLab, start the sandboxed kernel from a launcher section, wait for idle.
+
+    Returns the status bar item.
+    """
+    from playwright.sync_api import expect
+
+    page.goto(f"{lab.url}/lab?token={lab.token}")
+    launcher = page.locator(".jp-Launcher-section", has_text=section)
+    launcher.locator(".jp-LauncherCard", has_text=KERNEL_DISPLAY).click()
+    status = page.locator(".jp-SandboxStatus")
+    expect(status).to_have_attribute("data-sandbox-state", "idle", timeout=TIMEOUT_MS)
+    return status
+
+
 @contextmanager
 def lab_in_browser(tmp_path: Path, *extra: str) -> Iterator[tuple[Lab, Any, Path]]:
     """JupyterLab and a chromium page on it: (lab, page, screenshots directory).
@@ -281,11 +296,7 @@ def test_a_console_on_a_sandbox_kernel(tmp_path: Path) -> None:
     from playwright.sync_api import expect
 
     with lab_in_browser(tmp_path) as (lab, page, shots):
-        page.goto(f"{lab.url}/lab?token={lab.token}")
-        section = page.locator(".jp-Launcher-section", has_text="Sandboxed consoles")
-        section.locator(".jp-LauncherCard", has_text=KERNEL_DISPLAY).click()
-        status = page.locator(".jp-SandboxStatus")
-        expect(status).to_have_attribute("data-sandbox-state", "idle", timeout=TIMEOUT_MS)
+        status = launch(page, lab, "Sandboxed consoles")
         prompt = page.locator(".jp-CodeConsole-promptCell .cm-content")
         prompt.click()
         page.keyboard.type("print(6 * 7)")
@@ -363,10 +374,8 @@ def test_a_copy_mode_notebook_gets_its_files_back_on_demand(tmp_path: Path) -> N
 
     from ..conftest import ROOT
 
-    display = "Python 3 (sandbox: default, files copied)"
-    install_kernelspec(
-        "default", prefix=str(ROOT), name="sandbox-copy", files="copy", display_name=display
-    )
+    display = "Python 3 (sandbox: default, files: copy)"  # the default name says the mode
+    install_kernelspec("default", prefix=str(ROOT), name="sandbox-copy", files="copy")
     with lab_in_browser(tmp_path) as (lab, page, shots):
         folder = lab.root / "project"
         folder.mkdir()
@@ -409,11 +418,7 @@ def test_the_sandbox_files_panel_browses_opens_and_uploads(tmp_path: Path) -> No
     from playwright.sync_api import expect
 
     with lab_in_browser(tmp_path) as (lab, page, shots):
-        page.goto(f"{lab.url}/lab?token={lab.token}")
-        section = page.locator(".jp-Launcher-section", has_text="Sandboxed notebooks")
-        section.locator(".jp-LauncherCard", has_text=KERNEL_DISPLAY).click()
-        status = page.locator(".jp-SandboxStatus")
-        expect(status).to_have_attribute("data-sandbox-state", "idle", timeout=TIMEOUT_MS)
+        launch(page, lab)
         run_cell(
             page,
             "import os; home = os.path.expanduser('~'); os.makedirs(f'{home}/results', "
@@ -459,11 +464,7 @@ def test_a_culled_notebook_reopens_without_a_crash_dialog(tmp_path: Path) -> Non
     )
     with lab_in_browser(tmp_path, *culling) as (lab, page, shots):
         (lab.root / "data.csv").write_text("a\n20\n")
-        page.goto(f"{lab.url}/lab?token={lab.token}")
-        section = page.locator(".jp-Launcher-section", has_text="Sandboxed notebooks")
-        section.locator(".jp-LauncherCard", has_text=KERNEL_DISPLAY).click()
-        status = page.locator(".jp-SandboxStatus")
-        expect(status).to_have_attribute("data-sandbox-state", "idle", timeout=TIMEOUT_MS)
+        status = launch(page, lab)
         run_cell(page, "x = int(open('data.csv').read().split()[1]); print('read', x)", "read 20")
 
         # With the tab open, the idle kernel is culled: suspended, and a toast says so.

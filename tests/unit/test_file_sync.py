@@ -120,3 +120,5 @@ def test_a_kernelspec_says_how_its_kernels_see_the_files(
         return
     spec = make_kernelspec("p", backend=backend, files=files)
     assert spec["metadata"]["kernel_provisioner"]["config"].get("files") == config
+    # Told apart in the launcher from the pool's other kernelspecs.
+    assert spec["display_name"].endswith("p)" if files == "auto" else f"files: {files})")
