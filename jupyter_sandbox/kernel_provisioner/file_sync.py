@@ -27,7 +27,7 @@ import os
 import stat
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
@@ -84,12 +84,12 @@ class SyncReport:
         return text
 
 
-class FileSyncError(Exception):
-    """The sandbox's files could not be copied; ``status`` as an HTTP answer would say it."""
+class FileSyncError(runtime_files.RuntimeFileError):
+    """A copy refused on the host's side (names, directories, nothing to copy).
 
-    def __init__(self, message: str, status: int = 502) -> None:
-        super().__init__(message)
-        self.status = status
+    The runtime's own refusals arrive as ``RuntimeFileError``, its base: callers
+    catch that one.
+    """
 
 
 def _size(n: int) -> str:
@@ -187,8 +187,7 @@ class FileSync:
         files, report.skipped = collect(self.root, self.limits)
         if files:
             parts = [runtime_files.UploadPart(rel, size, self._opener(rel)) for rel, size in files]
-            with _as_sync_error():
-                await runtime_files.upload(endpoint, parts)
+            await runtime_files.upload(endpoint, parts)
         for rel, size in files:
             st = os.stat(os.path.join(self.root, rel), follow_symlinks=False)
             self._host[rel] = (st.st_size, st.st_mtime_ns)
@@ -227,7 +226,7 @@ class FileSync:
                 continue
             try:
                 written = await self._write_back(endpoint, rel, size)
-            except (FileSyncError, OSError) as exc:
+            except (runtime_files.RuntimeFileError, OSError) as exc:
                 report.skipped.append((rel, str(exc)))
                 continue
             budget -= size
@@ -248,18 +247,19 @@ class FileSync:
             st: os.stat_result | None = os.stat(target, follow_symlinks=False)
         except FileNotFoundError:
             st = None
-        unchanged = (
-            st is None
-            if expected is None
-            else st is not None
-            and stat.S_ISREG(st.st_mode)
-            and (st.st_size, st.st_mtime_ns) == expected
-        )
+        if expected is None:  # not copied in: new on both sides if the host has it now
+            unchanged = st is None
+        else:
+            unchanged = (
+                st is not None
+                and stat.S_ISREG(st.st_mode)
+                and (st.st_size, st.st_mtime_ns) == expected
+            )
         dest_rel = rel if unchanged else conflict_name(rel, self._taken)
         dest = os.path.join(self.root, dest_rel)
         fd, temp = tempfile.mkstemp(prefix=".sandbox-copy-", dir=directory)
         try:
-            with os.fdopen(fd, "wb") as handle, _as_sync_error():
+            with os.fdopen(fd, "wb") as handle:
                 await runtime_files.download(endpoint, rel, handle.write, size)
             os.chmod(temp, 0o644)  # never the execute bit the sandbox gave it
             os.replace(temp, dest)
@@ -297,8 +297,7 @@ class FileSync:
         pending = [("", 0)]
         while pending:
             prefix, depth = pending.pop()
-            with _as_sync_error():
-                entries = await runtime_files.list_dir(endpoint, prefix)
+            entries = await runtime_files.list_dir(endpoint, prefix)
             for entry in entries:
                 name = str(entry.get("name", ""))
                 if not valid_component(name):
@@ -311,14 +310,6 @@ class FileSync:
                     return found  # an attacker's million files stop here
                 found[prefix + name] = (int(entry.get("size", 0)), float(entry.get("mod_time", 0)))
         return found
-
-
-@contextlib.contextmanager
-def _as_sync_error() -> Iterator[None]:
-    try:
-        yield
-    except runtime_files.RuntimeFileError as exc:
-        raise FileSyncError(str(exc), exc.status) from None
 
 
 __all__ = ["FileSync", "FileSyncError", "Limits", "SyncReport", "collect", "conflict_name"]

@@ -25,6 +25,7 @@ from jupyter_client.provisioning.provisioner_base import KernelProvisionerBase
 from traitlets import Bool, Dict, Enum, Float, Int, List, Unicode
 
 from ..control_plane.factory import get_control_plane
+from ..kernelspec import FILES_MODES
 from ..utils.background import background
 from .env import filter_env
 from .file_sync import FileSync, FileSyncError, Limits
@@ -65,7 +66,7 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
     )
 
     files = Enum(
-        ["auto", "bind", "copy", "none"],
+        list(FILES_MODES),
         "auto",
         config=True,
         help="How the kernel sees the notebook's directory. 'bind': the sandbox mounts it "

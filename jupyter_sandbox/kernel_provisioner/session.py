@@ -26,6 +26,7 @@ from ..control_plane.base import (
 from .bridge import Bridge, KernelIdentity
 from .file_sync import FileSync, FileSyncError, SyncReport
 from .runtime_client import RuntimeError_, call
+from .runtime_files import RuntimeFileError
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +151,7 @@ class SandboxSession:
                 return
             self.progress.set("copying", f"copying {self.file_sync.root} into the sandbox")
             report = await self.file_sync.copy_in(self.endpoint)
-        except FileSyncError as exc:
+        except RuntimeFileError as exc:
             raise ClaimError(
                 f"copying the notebook's directory into the sandbox failed: {exc}"
             ) from None
@@ -177,7 +178,7 @@ class SandboxSession:
             return
         try:
             await self.copy_back()
-        except FileSyncError as exc:
+        except RuntimeFileError as exc:
             log.error(
                 "claim %s: the kernel's files were not copied back at %s: %s",
                 self.claim_name,

@@ -23,8 +23,8 @@ from tornado.iostream import StreamClosedError
 
 from ..control_plane.base import ClaimError
 from ..control_plane.factory import get_control_plane
-from ..kernel_provisioner.file_sync import FileSyncError
 from ..kernel_provisioner.provisioner import SandboxProvisioner
+from ..kernel_provisioner.runtime_files import RuntimeFileError
 from ..utils.background import background
 from .events import EventHub, kernel_entry, offer
 
@@ -44,6 +44,12 @@ def parse_bool(value: str, name: str) -> bool:
     if lowered in ("", "0", "false", "no", "off"):
         return False
     raise web.HTTPError(400, f"{name} must be true or false, not {value!r}")
+
+
+def http_error(exc: RuntimeFileError) -> web.HTTPError:
+    """A refused sandbox file call as this API's answer (anything unexpected: 502)."""
+    status = exc.status if exc.status in (400, 403, 404, 409, 413) else 502
+    return web.HTTPError(status, str(exc))
 
 
 class SandboxAPIHandler(APIHandler):  # type: ignore[misc]
@@ -137,8 +143,8 @@ class KernelActionHandler(SandboxAPIHandler):
                 await provisioner.copy_files_back()
         except ClaimError as exc:
             raise web.HTTPError(exc.status, exc.message, reason=exc.reason) from None
-        except FileSyncError as exc:
-            raise web.HTTPError(exc.status, str(exc), reason="FileSync") from None
+        except RuntimeFileError as exc:
+            raise http_error(exc) from None
         finally:
             if self.hub is not None:
                 self.hub.poke()

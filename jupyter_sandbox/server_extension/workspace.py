@@ -28,7 +28,7 @@ from tornado import web
 
 from ..control_plane.base import Endpoint
 from ..kernel_provisioner import runtime_files
-from .handlers import SandboxAPIHandler
+from .handlers import SandboxAPIHandler, http_error
 
 # Opening a file in the browser reads it whole; bigger ones are for the download link.
 OPEN_MAX_BYTES = 20 * 1024 * 1024
@@ -87,7 +87,7 @@ class _WorkspaceHandler(SandboxAPIHandler):
         except runtime_files.RuntimeFileError as exc:
             if exc.status == 404:
                 return None
-            raise _http_error(exc) from None
+            raise http_error(exc) from None
         return next((e for e in entries if e.get("name") == name), None)
 
 
@@ -108,7 +108,7 @@ class ContentsHandler(_WorkspaceHandler):
             entries = await runtime_files.list_dir(endpoint, path)
         except runtime_files.RuntimeFileError as exc:
             if exc.status != 404:
-                raise _http_error(exc) from None
+                raise http_error(exc) from None
         else:
             model = _model(path, {"type": "directory"})
             if content:
@@ -134,7 +134,7 @@ class ContentsHandler(_WorkspaceHandler):
                 raise web.HTTPError(
                     413, f"{path} is larger than {OPEN_MAX_BYTES >> 20} MB: download it instead"
                 ) from None
-            raise _http_error(exc) from None
+            raise http_error(exc) from None
         data = buffer.getvalue()
         if fmt != "base64":
             try:
@@ -170,7 +170,7 @@ class ContentsHandler(_WorkspaceHandler):
             part = runtime_files.UploadPart(path, size, lambda: open(temp, "rb"))
             await runtime_files.upload(endpoint, [part])
         except runtime_files.RuntimeFileError as exc:
-            raise _http_error(exc) from None
+            raise http_error(exc) from None
         finally:
             os.unlink(temp)
         entry = await self.entry(endpoint, path) or {"size": size, "mod_time": time.time()}
@@ -236,7 +236,7 @@ class DownloadHandler(_WorkspaceHandler):
         except runtime_files.RuntimeFileError as exc:
             if self._headers_written:
                 raise
-            raise _http_error(exc) from None
+            raise http_error(exc) from None
         self.finish()
 
 
@@ -253,11 +253,6 @@ def _decode(body: dict[str, Any]) -> bytes:
         except (binascii.Error, ValueError):
             raise web.HTTPError(400, "content is not valid base64") from None
     raise web.HTTPError(400, "format must be 'text' or 'base64'")
-
-
-def _http_error(exc: runtime_files.RuntimeFileError) -> web.HTTPError:
-    status = exc.status if exc.status in (400, 403, 404, 409, 413) else 502
-    return web.HTTPError(status, str(exc))
 
 
 def workspace_handlers(base_url: str) -> list[tuple[str, Any]]:

@@ -365,17 +365,18 @@ const plugin: JupyterFrontEndPlugin<void> = {
     if (docManager) {
       // The drive follows the panel: a file opened from it keeps its sandbox until
       // another sandboxed notebook or console takes the focus.
-      let shown: string | null = null;
-      const drive = new SandboxDrive(serviceManager.serverSettings, () => shown);
+      let workspace: WorkspacePanel | null = null;
+      const drive = new SandboxDrive(
+        serviceManager.serverSettings,
+        () => workspace?.kernelId ?? null
+      );
       serviceManager.contents.addDrive(drive);
-      const workspace = new WorkspacePanel(docManager);
+      workspace = new WorkspacePanel(docManager);
       app.shell.add(workspace, 'left', { rank: 651 });
+      const shownIn = workspace;
       showWorkspace = kernelId => {
         const sandboxed = kernelId && events.kernel(kernelId) ? kernelId : null;
-        if (sandboxed !== shown) {
-          shown = sandboxed;
-        }
-        workspace.showSandbox(sandboxed ? (sessionPath(sandboxed) ?? sandboxed) : null, sandboxed);
+        shownIn.showSandbox(sandboxed ? (sessionPath(sandboxed) ?? sandboxed) : null, sandboxed);
       };
       updateActive();
     }

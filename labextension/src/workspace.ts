@@ -212,6 +212,11 @@ export class WorkspacePanel extends Panel {
 
   readonly browser: FileBrowser;
 
+  /** The kernel whose sandbox is shown; the drive reads and writes there. */
+  get kernelId(): string | null {
+    return this._kernelId;
+  }
+
   /** Show the workspace of this kernel's sandbox (null: none in focus). */
   showSandbox(label: string | null, kernelId: string | null = null): void {
     this._header.node.textContent = label
