@@ -9,8 +9,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,6 +20,7 @@ from jupyter_sandbox.kernelspec import install_kernelspec
 
 from .conftest import HOME, ROOT
 from .helpers import KernelSocket, apply_pool, claims_for, jupyter_server, wait_for
+from .security.attacker import run_attacker
 from .test_cli import cli
 from .test_packages import PACKAGE, build_wheel
 
@@ -211,19 +210,8 @@ def test_the_hosts_pip_index_reaches_the_sandbox_but_no_credentials(
         " 'leaked': any('hunter2' in v for v in os.environ.values()),"
         f" 'ca': os.path.exists({str(ca)!r}) and open({str(ca)!r}).read()}}))"
     )
-    done = subprocess.run(
-        [sys.executable, "-m", "tests.security.attacker"],
-        cwd=REPO,
-        env=env,
-        input=code,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
-    assert result["exit_code"] == 0, result
-    inside = json.loads(result["stdout"].strip().splitlines()[-1])
+    result = run_attacker(code, env, REPO)
+    inside = json.loads(str(result["stdout"]).strip().splitlines()[-1])
     pip = inside["pip"]
     assert inside["leaked"] is False
     if not forward:

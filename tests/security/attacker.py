@@ -12,11 +12,33 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import subprocess
 import sys
+from pathlib import Path
 
 from jupyter_sandbox.client import SandboxClient
 from jupyter_sandbox.control_plane.local.client import LocalControlPlane
 from jupyter_sandbox.control_plane.local.paths import state_dir
+
+
+def run_attacker(code: str, env: dict[str, str], cwd: Path) -> dict[str, object]:
+    """Run this harness in a fresh process: ``code`` runs inside a sandbox it claims.
+
+    Answers the harness's report (``stdout``, ``stderr``, ``exit_code`` of the code).
+    """
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.security.attacker"],
+        cwd=cwd,
+        env=env,
+        input=code,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["exit_code"] == 0, result
+    return result
 
 
 def main() -> int:

@@ -11,8 +11,6 @@ import json
 import os
 import shutil
 import stat
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -27,6 +25,8 @@ from jupyter_sandbox.client import Sandbox, SandboxClient
 from jupyter_sandbox.control_plane.base import ClaimRequest
 from jupyter_sandbox.control_plane.local.client import LocalControlPlane
 from jupyter_sandbox.control_plane.local.isolation import probe
+
+from .attacker import run_attacker
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif(not probe().isolated, reason=f"no isolation here: {probe().detail}")
@@ -53,21 +53,9 @@ def attack_from(cwd: Path, home: Path, paths: dict[str, str]) -> dict[str, objec
     )
     code = VISIBILITY_PROBE.format(paths=json.dumps(paths))
     try:
-        done = subprocess.run(
-            [sys.executable, "-m", "tests.security.attacker"],
-            cwd=cwd,
-            env=env,
-            input=code,
-            capture_output=True,
-            text=True,
-            timeout=240,
-        )
+        return run_attacker(code, env, cwd)
     finally:
         _kill_processes_mentioning(str(home))
-    assert done.returncode == 0, done.stderr[-3000:]
-    result: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
-    assert result["exit_code"] == 0, result
-    return result
 
 
 def _kill_processes_mentioning(text: str) -> None:
