@@ -7,7 +7,6 @@ background loop, so both APIs behave alike.
 from __future__ import annotations
 
 import asyncio
-import getpass
 import json
 import logging
 import os
@@ -22,6 +21,7 @@ from jupyter_client.asynchronous import AsyncKernelClient
 
 from ..control_plane.base import ClaimError, ClaimRequest, ClaimStatus, ControlPlane, Phase
 from ..control_plane.factory import get_control_plane
+from ..utils.users import current_user
 from . import kernel as kernel_tunnel
 from ._connection import Connector
 from ._http import RuntimeHTTP
@@ -47,11 +47,6 @@ LABEL_USER = "jupyter-sandbox/user"
 LABEL_CLIENT = "jupyter-sandbox/client"
 DEFAULT_NAMESPACE = "default"
 KERNEL_READY_TIMEOUT = 120.0
-
-
-def current_user() -> str:
-    """The hub user when running under JupyterHub, else the OS user."""
-    return os.environ.get("JUPYTERHUB_USER") or getpass.getuser()
 
 
 def label_value(value: str) -> str:

@@ -14,7 +14,6 @@ local bridge, keeps the claim across restarts and releases it in
 from __future__ import annotations
 
 import asyncio
-import getpass
 import logging
 import os
 import signal
@@ -27,6 +26,7 @@ from traitlets import Bool, Dict, Enum, Float, Int, List, Unicode
 from ..control_plane.factory import get_control_plane
 from ..kernelspec import FILES_MODES
 from ..utils.background import background
+from ..utils.users import current_user
 from .env import filter_env
 from .file_sync import FileSync, FileSyncError, Limits
 from .session import SandboxSession
@@ -37,10 +37,6 @@ LABEL_KERNEL_ID = "jupyter-sandbox/kernel-id"
 LABEL_USER = "jupyter-sandbox/user"
 LABEL_SERVER = "jupyter-sandbox/server-id"
 LABEL_KERNEL_NAME = "jupyter-sandbox/kernel-name"
-
-
-def current_user() -> str:
-    return os.environ.get("JUPYTERHUB_USER") or getpass.getuser()
 
 
 class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
