@@ -8,7 +8,8 @@ candidate, so a Sandbox can never end up controlled by two claims.  Within one
 process, candidates being adopted are reserved so concurrent workers do not
 collide on the same one.
 
-A claim with ``env`` or ``volumeClaimTemplates``, or whose pool has no Ready
+A claim with ``env`` or ``volumeClaimTemplates``, one for a template with a user
+volume (``user_volume``), or one whose pool has no Ready
 member, gets a fresh Sandbox named like the claim.  Deleting the claim deletes
 its Sandbox through the garbage collector (controller ownerReference).
 """
@@ -22,8 +23,10 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import Counter, Histogram
 
+from . import user_volume
 from .core import Key, Result, parse_time
-from .kube import CLAIM, SANDBOX, ApiError
+from .kube import CLAIM, POD, PVC, SANDBOX, ApiError
+from .user_volume import UserVolumeError, user_volume_of
 from .util import (
     ASSIGNED_SANDBOX_ANNOTATION,
     CLAIM_UID_LABEL,
@@ -324,15 +327,23 @@ class ClaimReconciler:
                 )
             try:
                 validate_claim(claim, template)
-                cold = bool(spec.get("env")) or bool(spec.get("volumeClaimTemplates"))
+                volume = user_volume_of(template)
+                # A warm pod cannot gain a volume or an environment variable.
+                cold = (
+                    bool(spec.get("env"))
+                    or bool(spec.get("volumeClaimTemplates"))
+                    or volume is not None
+                )
                 if not cold:
                     sandbox = await self._adopt(claim, pool, template)
                     launch = "warm"
                 if sandbox is None:
-                    sandbox = await self._cold_start(claim, template)
+                    sandbox = await self._cold_start(claim, template, volume)
                     launch = "cold"
             except ClaimRejected as e:
                 return await self._reject(claim, e.reason, str(e))
+            except UserVolumeError as e:
+                return await self._reject(claim, "UserVolumeError", str(e))
             if sandbox is None:
                 return Result(requeue_after=0.5)
             self._assigned[uid] = sandbox["metadata"]["name"]
@@ -505,10 +516,14 @@ class ClaimReconciler:
                 self._reserved.discard(k)
         return None
 
-    async def _cold_start(self, claim: dict, template: dict) -> dict | None:
+    async def _cold_start(
+        self, claim: dict, template: dict, volume: user_volume.UserVolume | None
+    ) -> dict | None:
         op = self.op
         ns, name = claim["metadata"]["namespace"], claim["metadata"]["name"]
         body = build_cold_sandbox(claim, template)
+        if volume is not None:
+            await self._attach_user_volume(body, claim, volume)
         try:
             sb = await op.client.create(SANDBOX, ns, body, fieldManager=FIELD_MANAGER)
         except ApiError as e:
@@ -522,6 +537,30 @@ class ClaimReconciler:
                 ) from e
         op.sandboxes.upsert_local(sb)
         return sb
+
+    async def _attach_user_volume(
+        self, body: dict, claim: dict, volume: user_volume.UserVolume
+    ) -> None:
+        """Mount the claiming user's PVC in the new Sandbox's pod (see user_volume)."""
+        ns = claim["metadata"]["namespace"]
+        annotations = claim["metadata"].get("annotations") or {}
+        pvcs = (await self.op.client.list(PVC, ns)).get("items") or []
+        pvc = user_volume.choose_user_pvc(
+            pvcs,
+            annotations.get(user_volume.CLAIM_USER_ANNOTATION),
+            annotations.get(user_volume.CLAIM_SERVER_ANNOTATION),
+        )
+        node = None
+        if not set(pvc.get("spec", {}).get("accessModes") or []) & user_volume.SHARED_ACCESS_MODES:
+            pods = (await self.op.client.list(POD, ns)).get("items") or []
+            node = user_volume.node_to_share(pvc, pods)
+        user_volume.attach(
+            body["spec"].setdefault("podTemplate", {}).setdefault("spec", {}),
+            pvc["metadata"]["name"],
+            volume,
+            user_volume.kernel_cwd(claim, volume),
+            node,
+        )
 
     # -- status / expiry ---------------------------------------------------------
 

@@ -16,7 +16,7 @@ from tornado.netutil import bind_sockets, bind_unix_socket
 
 from .app import DEFAULT_MAX_BODY, make_app
 from .kernel_state import has_state
-from .paths import PACKAGES_DIR
+from .paths import KERNEL_CWD_ENV, PACKAGES_DIR, kernel_cwd
 from .state import RuntimeState
 
 RESTORE_TIMEOUT = 300.0
@@ -39,8 +39,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--runtime-dir", default=None, help="where kernel IPC sockets live")
     parser.add_argument(
         "--kernel-cwd",
-        default=None,
-        help="the kernel's working directory (the notebook's; default: the workspace)",
+        default=os.environ.get(KERNEL_CWD_ENV) or None,
+        help=f"the kernel's working directory, the notebook's (default: ${KERNEL_CWD_ENV}, "
+        "else the workspace; the workspace too when it is not a directory)",
     )
     parser.add_argument("--kernel-name", default="python3")
     parser.add_argument("--no-kernel", action="store_true", help="do not pre-start the kernel")
@@ -83,7 +84,7 @@ async def serve(args: argparse.Namespace) -> None:
         runtime_dir=runtime_dir,
         kernel_name=args.kernel_name,
         env=env,
-        kernel_cwd=args.kernel_cwd,
+        kernel_cwd=kernel_cwd(args.kernel_cwd, workspace),
     )
     app = make_app(state, max_upload_bytes=args.max_upload_bytes)
     # Uploads stream and enforce their own bound; other bodies are small JSON.

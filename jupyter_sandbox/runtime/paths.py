@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import logging
 import os
+
+log = logging.getLogger(__name__)
 
 # Where ``%pip install`` puts packages: in the workspace, so they stay across a
 # suspend (and, on Kubernetes, live on the workspace volume).
 PACKAGES_DIR = ".local/packages"
+# Set by the operator when the pod mounts the user's volume (the notebook's directory).
+KERNEL_CWD_ENV = "SANDBOX_RUNTIME_KERNEL_CWD"
 
 
 class PathRefused(ValueError):
@@ -26,3 +31,16 @@ def confine(base: str, user_path: str) -> str:
     if full != root and os.path.commonpath([root, full]) != root:
         raise PathRefused("path is outside the workspace")
     return full
+
+
+def kernel_cwd(requested: str | None, workspace: str) -> str:
+    """The kernel's working directory: ``requested`` when it is a directory, else the workspace.
+
+    The client compares it with the notebook's directory to know whether the
+    sandbox shows the notebook's files (else it copies them into the workspace).
+    """
+    if requested:
+        if os.path.isabs(requested) and os.path.isdir(requested):
+            return os.path.normpath(requested)
+        log.warning("kernel directory %s is not a directory here; using the workspace", requested)
+    return workspace

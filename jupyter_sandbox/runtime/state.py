@@ -56,6 +56,7 @@ class RuntimeState:
             "kernel": self.kernel.state.to_json(),
             "clients": self.hub.connected,
             "workspace": self.workspace,
+            "kernel_cwd": self.kernel.cwd,
             "pid": os.getpid(),
             "uptime": time.time() - self.started_at,
         }
