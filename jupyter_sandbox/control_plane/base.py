@@ -189,6 +189,12 @@ class PoolStatus:
 class ControlPlane(abc.ABC):
     """Claim, wait ready, suspend, resume, release, status and list."""
 
+    #: Whether a claim's ``files_dir`` is settled by the claim itself (the local
+    #: backend binds it, or refuses, or falls back as its pool says). When False
+    #: only the runtime knows whether its kernel works there (a Kubernetes pool
+    #: may or may not mount the user's volume), and the session asks it.
+    settles_files_dir: bool = False
+
     @abc.abstractmethod
     async def claim(self, request: ClaimRequest) -> ClaimStatus:
         """Create a claim against a pool; returns at once, possibly still Pending."""

@@ -65,12 +65,14 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
         list(FILES_MODES),
         "auto",
         config=True,
-        help="How the kernel sees the notebook's directory. 'bind': the sandbox mounts it "
-        "(local backend; the pool's files option decides read-write or read-only); "
-        "'copy': it is copied into the workspace when the sandbox is claimed, and what the "
-        "kernel creates or changes is copied back at suspend, at shutdown and on demand "
-        "(any backend, warm claims stay warm); 'none': the kernel works in the workspace "
-        "only. 'auto': 'bind' on the local backend, 'copy' on Kubernetes.",
+        help="How the kernel sees the notebook's directory. 'bind': the sandbox shows it at "
+        "its own path (local backend: mounted, read-write or read-only as the pool says; "
+        "Kubernetes: the pool's template must mount the user's volume, see "
+        "deploy/jupyterhub/README.md); 'copy': it is copied into the workspace when the "
+        "sandbox is claimed, and what the kernel creates or changes is copied back at "
+        "suspend, at shutdown and on demand (any backend, warm claims stay warm); 'none': "
+        "the kernel works in the workspace only. 'auto': 'bind' on the local backend; on "
+        "Kubernetes 'bind' when the pool mounts the user's volume, else 'copy'.",
     )
     files_max_mb = Int(
         512, config=True, help="Copy mode: at most this many MB are copied each way."
@@ -112,7 +114,12 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
             total = self.files_max_mb * 1024 * 1024
             limits = Limits(max_file_bytes=min(Limits.max_file_bytes, total), max_total_bytes=total)
             file_sync = FileSync(os.path.abspath(files_dir), limits)
-        if mode != "bind":
+        optional = inherited
+        if mode == "copy" and self.files == "auto" and files_dir and not inherited:
+            # A Kubernetes pool that mounts the user's volume shows the directory
+            # itself; the session then copies nothing.
+            optional = True
+        elif mode != "bind":
             files_dir = None
         # A restarted server re-attaching passes the claim its kernel already has.
         existing_claim = kwargs.pop("sandbox_claim", None)
@@ -137,7 +144,7 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
                 claim_name=existing_claim,
                 orphan_grace=self.orphan_grace,
                 files_dir=os.path.abspath(files_dir) if files_dir else None,
-                files_optional=inherited,
+                files_optional=optional,
                 file_sync=file_sync,
             )
             try:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import time
 from dataclasses import dataclass, field
@@ -126,6 +127,7 @@ class SandboxSession:
         try:
             status = await self.plane.wait_ready(self.claim_name, self.claim_timeout)
             self._set_status(status)
+            await self._check_files_dir()
             await self._copy_in(adopting)
         except BaseException:
             # A claim that never became ready (or never got its files) must not leak.
@@ -140,6 +142,23 @@ class SandboxSession:
         await self._await_kernel(lambda: self.expected is not None and self.exit_code is None)
         self.progress.set("ready", "claimed a warm sandbox" if status.warm else "cold start")
         return ports
+
+    async def _check_files_dir(self) -> None:
+        """Does the kernel work in the notebook's directory? Then nothing is copied."""
+        if self.files_dir is None or self.suspended or self.plane.settles_files_dir:
+            return
+        assert self.endpoint is not None
+        info = await call(self.endpoint, "GET", "api/kernel")
+        if info.get("kernel_cwd") in (self.files_dir, os.path.realpath(self.files_dir)):
+            self.file_sync = None
+            return
+        if not self.files_optional:
+            raise ClaimError(
+                f"the sandbox does not show the notebook's directory {self.files_dir}",
+                hint="on Kubernetes, a pool whose template mounts the user's volume there "
+                "(annotation jupyter-sandbox/user-volume-path); or the kernelspec's files "
+                "option 'copy'",
+            )
 
     async def _copy_in(self, adopting: bool) -> None:
         if self.file_sync is None or self.suspended:

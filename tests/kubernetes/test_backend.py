@@ -227,7 +227,9 @@ async def test_pool_refills_after_claims(kube, warm_pool, plane):
         st = await plane.claim(ClaimRequest(pool="pool", labels=labels(f"k-{i}")))
         names.append(st.name)
     done = [await plane.wait_ready(n, 60) for n in names]
-    assert sorted(bool(d.warm) for d in done) == [False, True, True]
+    # Two come from the pool; the third is cold unless the pool's refill became
+    # ready before the operator reached it (both are right, the race is the load's).
+    assert sum(bool(d.warm) for d in done) >= 2
     assert len({d.sandbox for d in done}) == 3
     wait_for(
         lambda: (kube.get(POOL, "pool").get("status") or {}).get("readyReplicas") == 2,

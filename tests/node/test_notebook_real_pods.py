@@ -10,6 +10,7 @@ way."""
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import pytest
@@ -165,3 +166,113 @@ async def test_nbclient_runs_a_notebook_in_a_real_pod(kube, warm_pool, kernelspe
     assert (tmp_path / "result.txt").read_text().startswith("python-"), "copied back from the pod"
     # nbclient shut the kernel down: its claim is gone
     wait_for(lambda: not kube.list(CLAIM), 60, what="claim deleted after nbclient")
+
+
+async def test_a_pool_with_the_users_volume_shows_the_notebooks_directory(
+    kube_node_cluster, kube, host_pvs, operator, router, tmp_path
+):
+    """A template annotated ``jupyter-sandbox/user-volume-path`` mounts the user's PVC
+    (KubeSpawner's ``claim-<user>``, found by its ``hub.jupyter.org/username``
+    annotation) at the path the Jupyter server has it: the kernel starts in the
+    notebook's directory, reads what is there and writes straight to it, with no
+    copy, and is there again after a suspend and resume in a new pod."""
+    import getpass
+
+    from jupyter_client.kernelspec import KernelSpecManager
+    from jupyter_client.manager import AsyncKernelManager
+
+    from jupyter_sandbox.kernelspec import make_kernelspec
+    from tests.operator.conftest import POOL, TPL
+
+    from .conftest import example_objects
+
+    home = tmp_path / "home"
+    project = home / "project"
+    project.mkdir(parents=True)
+    (project / "data.csv").write_text("a\n7\n")
+    for path in (home, project, project / "data.csv"):
+        os.chown(path, 1000, 1000)
+    pv = f"pv-{kube.ns}-home"
+    user = getpass.getuser()
+    kube.core.create_persistent_volume(
+        {
+            "metadata": {"name": pv},
+            "spec": {
+                "capacity": {"storage": "1Gi"},
+                "accessModes": ["ReadWriteOnce"],
+                "persistentVolumeReclaimPolicy": "Retain",
+                "hostPath": {"path": str(home), "type": "Directory"},
+                # reserved for the user's claim, so no sandbox workspace takes it
+                "claimRef": {"namespace": kube.ns, "name": f"claim-{user}"},
+            },
+        }
+    )
+    try:
+        kube.core.create_namespaced_persistent_volume_claim(
+            kube.ns,
+            {
+                "metadata": {
+                    "name": f"claim-{user}",
+                    "annotations": {"hub.jupyter.org/username": user},
+                },
+                "spec": {
+                    "accessModes": ["ReadWriteOnce"],
+                    "resources": {"requests": {"storage": "1Gi"}},
+                    "storageClassName": "",
+                    "volumeName": pv,
+                },
+            },
+        )
+        tpl, pool = example_objects(kube_node_cluster.runtime_image)
+        tpl["metadata"]["name"] = pool["metadata"]["name"] = "home"
+        tpl["metadata"]["annotations"] = {"jupyter-sandbox/user-volume-path": str(home)}
+        pool["spec"]["sandboxTemplateRef"]["name"] = "home"
+        pool["spec"]["replicas"] = 0
+        kube.create(TPL, tpl)
+        kube.create(POOL, pool)
+
+        url, secret = router
+        options = {
+            "namespace": kube.ns,
+            "kubeconfig": str(kube_node_cluster.kubeconfig),
+            "router_url": url,
+            "token_secret_file": str(secret),
+        }
+        kdir = tmp_path / "kernels" / "sbhome"
+        kdir.mkdir(parents=True)
+        spec = make_kernelspec("home", backend="kubernetes", backend_options=options)
+        (kdir / "kernel.json").write_text(json.dumps(spec))
+        specs = KernelSpecManager(kernel_dirs=[str(tmp_path / "kernels")])
+
+        km = AsyncKernelManager(kernel_name="sbhome", kernel_spec_manager=specs)
+        await km.start_kernel(cwd=str(project))
+        kc = km.client()
+        kc.start_channels()
+        try:
+            await kc.wait_for_ready(timeout=180)
+            data = await _execute(
+                kc,
+                "import os\nopen('result.txt', 'w').write('from the pod')\n"
+                "'|'.join([os.getcwd(), open('data.csv').read().split()[1], "
+                "str(os.path.exists('/workspace/data.csv'))])",
+            )
+            expected = "|".join([str(project), "7", "False"])
+            assert data["text/plain"] == repr(expected), "mounted, not copied"
+            # written straight to the user's volume, by the sandbox's user, while it runs
+            assert (project / "result.txt").read_text() == "from the pod"
+            assert (project / "result.txt").stat().st_uid == 1000
+
+            await km.provisioner.suspend()
+            (project / "later.txt").write_text("written while suspended")
+            await km.provisioner.resume()
+            data = await _execute(kc, "os.getcwd() + '|' + open('later.txt').read()")
+            assert data["text/plain"] == repr(f"{project}|written while suspended")
+        finally:
+            kc.stop_channels()
+            await km.shutdown_kernel(now=True)
+        wait_for(lambda: not kube.list(CLAIM), 60, what="claim deleted")
+        # the user's volume outlives the sandbox: it is not the sandbox's to delete
+        assert kube.core.read_namespaced_persistent_volume_claim(f"claim-{user}", kube.ns)
+        assert (project / "result.txt").exists()
+    finally:
+        kube.core.delete_persistent_volume(pv)

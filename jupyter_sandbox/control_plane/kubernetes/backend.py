@@ -70,7 +70,9 @@ from typing import Any, TypeVar
 
 from ...kernel_provisioner.runtime_client import RuntimeError_ as RuntimeCallError
 from ...kernel_provisioner.runtime_client import call as runtime_call
+from ...operator.user_volume import CLAIM_KERNEL_CWD_ANNOTATION, CLAIM_SERVER_ANNOTATION
 from ...router.tokens import Scope, TokenAuthority
+from ...utils.users import current_user
 from ..base import (
     BackendUnavailable,
     ClaimError,
@@ -113,6 +115,7 @@ TERMINAL_REASONS = frozenset(
         "InvalidMetadata",
         "EnvVarsInjectionRejected",
         "VolumeClaimTemplatesError",
+        "UserVolumeError",
         "ClaimExpired",
         "SandboxExpired",
         "SandboxMissing",
@@ -354,9 +357,18 @@ class KubernetesControlPlane(ControlPlane):
         labels[MANAGED_BY_LABEL] = MANAGED_BY
         if self.owner:
             labels[OWNER_LABEL] = self.owner
-        annotations = {OWNER_HOST_ANNOTATION: self._host}
-        if self.hub_user:
-            annotations[kc.USER_ANNOTATION] = self.hub_user
+        annotations = {
+            OWNER_HOST_ANNOTATION: self._host,
+            # Whose sandbox this is: the router (hub mode) admits only them, and a
+            # template with a user volume mounts their volume.
+            kc.USER_ANNOTATION: self.hub_user or current_user(),
+        }
+        server_name = os.environ.get("JUPYTERHUB_SERVER_NAME")
+        if server_name:
+            annotations[CLAIM_SERVER_ANNOTATION] = server_name
+        if request.files_dir:
+            # The notebook's directory: where the kernel starts if the sandbox has it.
+            annotations[CLAIM_KERNEL_CWD_ANNOTATION] = request.files_dir
         if request.owner_pid:
             annotations["jupyter-sandbox/owner-pid"] = str(request.owner_pid)
         spec: dict[str, Any] = {"warmPoolRef": {"name": request.pool}}

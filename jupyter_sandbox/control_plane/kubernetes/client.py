@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ...operator.user_volume import CLAIM_USER_ANNOTATION
+
 SA_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 SANDBOX = ("agents.x-k8s.io", "v1beta1", "sandboxes")
@@ -36,8 +38,9 @@ WARMPOOL = ("extensions.agents.x-k8s.io", "v1beta1", "sandboxwarmpools")
 CLAIM = ("extensions.agents.x-k8s.io", "v1beta1", "sandboxclaims")
 
 # On a claim: the exact name of the user it is for (labels hold a sanitized
-# copy); the router's JupyterHub authorization admits only that user.
-USER_ANNOTATION = "jupyter-sandbox/user"
+# copy); the router's JupyterHub authorization admits only that user, and the
+# operator mounts only that user's volume (operator/user_volume.py).
+USER_ANNOTATION = CLAIM_USER_ANNOTATION
 
 
 class Unreachable(Exception):

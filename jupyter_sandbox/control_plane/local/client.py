@@ -43,6 +43,8 @@ DAEMON_START_TIMEOUT = 30.0
 
 
 class LocalControlPlane(ControlPlane):
+    settles_files_dir = True  # bound at the claim, or refused, or the pool's fallback
+
     def __init__(
         self,
         base: Path | None = None,
