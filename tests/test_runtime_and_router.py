@@ -15,10 +15,13 @@ from typing import Any
 
 import psutil
 import pytest
+from jupyter_client.asynchronous import AsyncKernelClient
 from tornado import httpclient, web, websocket
 from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_sockets
 
+from jupyter_sandbox.control_plane.base import Endpoint
+from jupyter_sandbox.kernel_provisioner.bridge import Bridge
 from jupyter_sandbox.protocol import framing
 from jupyter_sandbox.protocol.messages import header, parent_msg_id
 from jupyter_sandbox.router.app import make_router_app
@@ -571,3 +574,55 @@ async def test_websocket_to_unreachable_sandbox_is_502(router: dict[str, Any]) -
     with pytest.raises(httpclient.HTTPClientError) as err:
         await websocket.websocket_connect(request, subprotocols=[framing.SUBPROTOCOL])
     assert err.value.code == 502
+
+
+async def test_a_resuming_bridge_says_idle_before_the_kernel_answers(
+    router: dict[str, Any],
+) -> None:
+    """The resume notice hangs on the bridge's "idle": nothing of the kernel may overtake it."""
+
+    async def relay(channel: str, head: dict[str, Any]) -> bool:
+        return True
+
+    async def ignore(failures: int) -> None:
+        return None
+
+    key = uuid.uuid4().hex.encode()
+    bridge = Bridge(
+        key=key, on_kernel_state=lambda *_: None, on_client_request=relay, on_disconnected=ignore
+    )
+    bridge.bind()
+    endpoint = Endpoint(
+        router_url=router["url"],
+        namespace=NS,
+        name="box-a",
+        token=router["authority"].issue(Scope(NS, "box-a")),
+    )
+    kc = AsyncKernelClient()
+    kc.load_connection_info(
+        {**bridge.connection_info(), "key": key.decode(), "signature_scheme": "hmac-sha256"}
+    )
+    kc.start_channels()
+    try:
+        bridge.connect(endpoint)
+        await kc.wait_for_ready(timeout=30)
+        while await kc.iopub_channel.msg_ready():
+            await kc.get_iopub_msg()
+        # as a suspend and a resume do it: held, then connected behind the gate
+        bridge.hold()
+        bridge.connect(endpoint, gated=True)
+        await bridge.wait_connected(30)
+        msg_id = kc.execute("'answer'")
+        await asyncio.sleep(1.5)  # long enough for an ungated kernel to answer
+        assert not await kc.iopub_channel.msg_ready(), "the kernel answered through the gate"
+        bridge.publish_status("idle")
+        bridge.open_gate()
+        first = await kc.get_iopub_msg(timeout=30)
+        assert first["msg_type"] == "status" and not first["parent_header"]
+        assert first["content"]["execution_state"] == "idle"
+        reply = await kc.get_shell_msg(timeout=30)
+        assert reply["parent_header"]["msg_id"] == msg_id
+        assert reply["content"]["status"] == "ok"
+    finally:
+        kc.stop_channels()
+        await bridge.close()

@@ -80,6 +80,7 @@ class Bridge:
         self._last_msg_id: str | None = None
         self._closing = False
         self._held = False  # while suspended: queue requests, never connect
+        self._gated = False  # resuming: connected, but requests wait for ``open_gate``
         self._on_kernel_state = on_kernel_state
         self._on_client_request = on_client_request
         self._on_disconnected = on_disconnected
@@ -178,7 +179,7 @@ class Bridge:
     def _to_sandbox(self, frame: bytes) -> None:
         self.messages_out += 1
         ws = self._ws
-        if ws is not None and not self._held and self._connected.is_set():
+        if ws is not None and not self._held and not self._gated and self._connected.is_set():
             try:
                 ws.write_message(frame, binary=True)
                 return
@@ -217,12 +218,30 @@ class Bridge:
 
     # -- WebSocket side ---------------------------------------------------
 
-    def connect(self, endpoint: Endpoint) -> None:
-        """(Re)connect to a sandbox; requests sent meanwhile wait in a queue."""
+    def connect(self, endpoint: Endpoint, gated: bool = False) -> None:
+        """(Re)connect to a sandbox; requests sent meanwhile wait in a queue.
+
+        ``gated``: they keep waiting after the connection is up, until
+        ``open_gate``, so that what the bridge says first (the resumed kernel's
+        status) reaches iopub before anything the kernel answers.
+        """
         self._endpoint = endpoint
         self._held = False
+        self._gated = gated
         if self._connector is None or self._connector.done():
             self._connector = asyncio.create_task(self._connect_loop())
+
+    def open_gate(self) -> None:
+        """Relay the requests queued since a gated ``connect``, then every new one."""
+        self._gated = False
+        self._flush_pending()
+
+    def _flush_pending(self) -> None:
+        ws = self._ws
+        if ws is None or self._held or self._gated or not self._connected.is_set():
+            return
+        while self._pending:
+            ws.write_message(self._pending.popleft(), binary=True)
 
     def hold(self) -> None:
         """Stop relaying (sandbox suspended): requests queue until ``connect``."""
@@ -282,8 +301,7 @@ class Bridge:
             failures = 0
             delay = 0.05
             self._connected.set()
-            while self._pending:
-                ws.write_message(self._pending.popleft(), binary=True)
+            self._flush_pending()
             return
 
     def _from_sandbox(self, message: str | bytes | None) -> None:

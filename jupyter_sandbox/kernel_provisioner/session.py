@@ -340,9 +340,14 @@ class SandboxSession:
         self.exit_code = None
         self.suspended = False
         assert self.endpoint is not None
-        self.bridge.connect(self.endpoint)
-        await self._await_kernel(lambda: self.expected is not None)
-        self.bridge.publish_status("idle")
+        # The request that resumed the sandbox waits until the new kernel's "idle"
+        # is out: the server's resume notice hangs on it and must come first.
+        self.bridge.connect(self.endpoint, gated=True)
+        try:
+            await self._await_kernel(lambda: self.expected is not None)
+            self.bridge.publish_status("idle")
+        finally:
+            self.bridge.open_gate()
         self.progress.set("ready", "resumed: the kernel is new, the workspace is kept")
 
     async def _on_client_request(self, channel: str, head: dict[str, Any]) -> bool:
