@@ -14,8 +14,8 @@ import secrets
 from typing import Any
 
 from ..control_plane.base import Endpoint
+from ..control_plane.runtime_client import RuntimeCallError, call
 from ..kernel_provisioner.bridge import Bridge, KernelIdentity
-from ..kernel_provisioner.runtime_client import RuntimeError_, call
 from ..utils.background import background
 
 log = logging.getLogger(__name__)
@@ -60,7 +60,7 @@ class KernelTunnel:
                 started = True
                 try:
                     await call(self.endpoint, "POST", "api/kernel/start", timeout=timeout)
-                except RuntimeError_ as exc:
+                except RuntimeCallError as exc:
                     log.info("starting the sandbox kernel: %s", exc)
             remaining = deadline - loop.time()
             if remaining <= 0:

@@ -24,9 +24,9 @@ from ..control_plane.base import (
     Endpoint,
     Phase,
 )
+from ..control_plane.runtime_client import RuntimeCallError, call
 from .bridge import Bridge, KernelIdentity
 from .file_sync import FileSync, FileSyncError, SyncReport
-from .runtime_client import RuntimeError_, call
 from .runtime_files import RuntimeFileError
 
 log = logging.getLogger(__name__)
@@ -301,7 +301,7 @@ class SandboxSession:
             return
         try:
             await self.signal(signal.SIGKILL)
-        except RuntimeError_ as exc:
+        except RuntimeCallError as exc:
             log.info("kill: runtime unreachable (%s); taking the kernel as dead", exc)
             self.exit_code = -signal.SIGKILL
             return

@@ -68,8 +68,6 @@ import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from ...kernel_provisioner.runtime_client import RuntimeError_ as RuntimeCallError
-from ...kernel_provisioner.runtime_client import call as runtime_call
 from ...operator.user_volume import CLAIM_KERNEL_CWD_ANNOTATION, CLAIM_SERVER_ANNOTATION
 from ...router.tokens import Scope, TokenAuthority
 from ...utils.users import current_user
@@ -87,6 +85,8 @@ from ..base import (
     PoolNotFound,
     PoolStatus,
 )
+from ..runtime_client import RuntimeCallError
+from ..runtime_client import call as runtime_call
 from . import client as kc
 
 log = logging.getLogger(__name__)

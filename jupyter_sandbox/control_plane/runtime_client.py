@@ -7,10 +7,10 @@ from typing import Any
 
 from tornado import httpclient
 
-from ..control_plane.base import Endpoint
+from .base import Endpoint
 
 
-class RuntimeError_(Exception):
+class RuntimeCallError(Exception):
     """The runtime could not be reached or refused the call."""
 
     def __init__(self, message: str, status: int = 0) -> None:
@@ -42,8 +42,8 @@ async def call(
     try:
         response = await _http().fetch(request, raise_error=False)
     except OSError as exc:
-        raise RuntimeError_(f"sandbox runtime unreachable: {exc}") from None
+        raise RuntimeCallError(f"sandbox runtime unreachable: {exc}") from None
     if response.code == 599 or response.code >= 400:
         detail = response.body.decode(errors="replace") if response.body else str(response.error)
-        raise RuntimeError_(f"runtime {path} answered {response.code}: {detail}", response.code)
+        raise RuntimeCallError(f"runtime {path} answered {response.code}: {detail}", response.code)
     return json.loads(response.body or b"{}")  # type: ignore[no-any-return]
