@@ -626,3 +626,52 @@ async def test_a_resuming_bridge_says_idle_before_the_kernel_answers(
     finally:
         kc.stop_channels()
         await bridge.close()
+
+
+async def test_a_bridge_on_the_runtimes_socket_survives_a_dropped_connection(
+    runtime: dict[str, Any],
+) -> None:
+    """Straight to the runtime's socket (the local backend's path): a connection
+    dropped mid-cell is re-opened, and no output is lost or repeated."""
+
+    async def relay(channel: str, head: dict[str, Any]) -> bool:
+        return True
+
+    async def ignore(failures: int) -> None:
+        return None
+
+    key = uuid.uuid4().hex.encode()
+    bridge = Bridge(
+        key=key, on_kernel_state=lambda *_: None, on_client_request=relay, on_disconnected=ignore
+    )
+    bridge.bind()
+    # no router listens there: only the socket can work
+    endpoint = Endpoint("http://127.0.0.1:9", NS, "box-a", unix_socket=runtime["socket"])
+    kc = AsyncKernelClient()
+    kc.load_connection_info(
+        {**bridge.connection_info(), "key": key.decode(), "signature_scheme": "hmac-sha256"}
+    )
+    kc.start_channels()
+    try:
+        bridge.connect(endpoint)
+        await kc.wait_for_ready(timeout=30)
+        lines = 1500  # printed without pause: a gap of a millisecond would lose some
+        cell = asyncio.create_task(
+            kc.execute_interactive(
+                f"import time\nfor i in range({lines}):\n    print(i, flush=True)\n"
+                "    time.sleep(0.001)",
+                output_hook=lambda msg: printed.append(msg),
+                timeout=60,
+            )
+        )
+        printed: list[dict[str, Any]] = []
+        await asyncio.sleep(0.5)
+        assert bridge._ws is not None
+        bridge._ws.close()  # as a restarted peer or a broken connection would
+        reply = await cell
+        assert reply["content"]["status"] == "ok"
+        text = "".join(m["content"]["text"] for m in printed if m["msg_type"] == "stream")
+        assert text.split() == [str(i) for i in range(lines)]
+    finally:
+        kc.stop_channels()
+        await bridge.close()

@@ -104,6 +104,10 @@ class Endpoint:
     name: str
     port: int = 8888
     token: str | None = None
+    # The runtime's own socket, for a caller on its host that may open it (the
+    # local backend's user, who owns the daemon): the kernel channels then skip
+    # the router's hop.  Entitlement is the file's permission, as for the daemon.
+    unix_socket: str | None = None
 
     def headers(self) -> dict[str, str]:
         headers = {

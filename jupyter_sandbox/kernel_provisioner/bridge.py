@@ -29,11 +29,13 @@ from typing import Any
 import zmq
 import zmq.asyncio
 from tornado import httpclient, websocket
+from tornado.netutil import Resolver
 
 from ..control_plane.base import Endpoint
 from ..protocol import framing
 from ..protocol.messages import DELIM, header, parent_msg_id, sign, split_zmq, verify
 from ..protocol.zmqsend import send_now
+from ..router.upstreams import UnixSocketResolver, Upstream
 from . import ws_client
 
 log = logging.getLogger(__name__)
@@ -269,13 +271,11 @@ class Bridge:
         while not self._closing and not self._held:
             endpoint = self._endpoint
             assert endpoint is not None
-            url = endpoint.url("api/kernel/channels", websocket=True)
-            if self._last_msg_id:
-                url += f"?last={self._last_msg_id}"
-            request = httpclient.HTTPRequest(url, headers=endpoint.headers(), connect_timeout=10)
+            request, resolver = channels_request(endpoint, self._last_msg_id)
             try:
                 ws = await ws_client.websocket_connect(
                     request,
+                    resolver=resolver,
                     subprotocols=[framing.SUBPROTOCOL],
                     max_message_size=MAX_WS_MESSAGE,
                     on_message_callback=self._from_sandbox,
@@ -383,6 +383,22 @@ CHANNEL_KINDS = {
     "iopub": zmq.PUB,
     "hb": zmq.ROUTER,
 }
+
+
+def channels_request(
+    endpoint: Endpoint, last_msg_id: str | None
+) -> tuple[httpclient.HTTPRequest, Resolver | None]:
+    """The WebSocket request for a sandbox's kernel channels, straight to its socket if we may."""
+    query = f"?last={last_msg_id}" if last_msg_id else ""
+    path = endpoint.unix_socket
+    if path and os.access(path, os.R_OK | os.W_OK):
+        upstream = Upstream(unix_socket=path)
+        resolver = UnixSocketResolver()
+        resolver.register(upstream)
+        url = f"ws://{upstream.authority()}/api/kernel/channels{query}"
+        return httpclient.HTTPRequest(url, connect_timeout=10), resolver
+    url = endpoint.url("api/kernel/channels", websocket=True) + query
+    return httpclient.HTTPRequest(url, headers=endpoint.headers(), connect_timeout=10), None
 
 
 def _ipc_parent() -> str | None:

@@ -26,6 +26,8 @@ def router_process() -> psutil.Process:
 
 
 async def test_router_killed_while_a_cell_prints(tmp_path: Path) -> None:
+    """The local router dies and is restarted under a printing cell.  (Kernel channels
+    on the local backend go straight to the runtime's socket; this keeps that so.)"""
     with jupyter_server(tmp_path) as server:
         kernel_id = await start_kernel(server)
         ws = await KernelSocket(server, kernel_id).connect()

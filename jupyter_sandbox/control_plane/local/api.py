@@ -13,6 +13,7 @@ from ...router.tokens import Scope, TokenAuthority
 from ..base import ClaimError, ClaimNotFound, ClaimRequest, InvalidRequest, Phase, PoolNotFound
 from .controller import LocalController
 from .model import NAMESPACE, PoolSpec
+from .paths import listen_socket
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +78,7 @@ class Handler(web.RequestHandler):
                 "name": claim.sandbox,
                 "port": 8888,
                 "token": self.ctx.authority.issue(Scope(NAMESPACE, claim.sandbox, subject)),
+                "unix_socket": str(listen_socket(self.controller.base, claim.sandbox)),
             }
         else:
             view["endpoint"] = None
