@@ -61,6 +61,13 @@ class SandboxWebsocketConnection(ZMQChannelsWebsocketConnection):  # type: ignor
                 self._resumed_before_open = True
         await super().prepare()
 
+    def connect(self) -> Any:
+        # jupyter_server leaves Nagle's algorithm on for kernel WebSockets: a client
+        # that delays its ACKs (browsers do) then waits about 40 ms for each small
+        # message written behind another, such as a cell's reply and idle status.
+        self.websocket_handler.set_nodelay(True)
+        return super().connect()
+
     # -- a live connection whose sandbox resumes ---------------------------------
 
     def handle_incoming_message(self, incoming_msg: Any) -> None:
