@@ -229,3 +229,31 @@ async def test_server_secrets_never_reach_the_sandbox(tmp_path: Path) -> None:
         finally:
             ws.close()
         await server.request("DELETE", f"/api/kernels/{kernel_id}", expect=204)
+
+
+async def test_details_say_what_the_sandbox_uses_now(tmp_path: Path) -> None:
+    with jupyter_server(tmp_path) as server:
+        kernel_id = await start_kernel(server)
+        path = f"/api/sandbox/kernels/{kernel_id}"
+        ws = await KernelSocket(server, kernel_id).connect()
+        try:
+            idle = (await server.request("GET", f"{path}?fresh=true"))["usage"]
+            await ws.execute(
+                "import subprocess, sys\n"
+                "held = b'x' * 150_000_000\n"
+                "spin = subprocess.Popen([sys.executable, '-c', 'while True: pass'])"
+            )
+            busy = (await server.request("GET", f"{path}?fresh=true"))["usage"]
+            # the kernel's memory and a process it started count: the sandbox's, not the runtime's
+            assert busy["memory_in_use_mb"] >= idle["memory_in_use_mb"] + 140, (idle, busy)
+            assert busy["processes"] == idle["processes"] + 1, (idle, busy)
+            assert busy["cpu_percent"] >= 5, busy  # a spinning child (loaded CI: not a full core)
+            assert busy["cpu_seconds_used"] > idle["cpu_seconds_used"]
+            await ws.execute("spin.kill(); spin.wait(); del held")
+            # only a fresh read asks the runtime
+            assert "usage" not in await server.request("GET", path)
+        finally:
+            ws.close()
+        await server.request("POST", f"{path}/suspend", expect=200)
+        assert (await server.request("GET", f"{path}?fresh=true"))["usage"] is None
+        await server.request("DELETE", f"/api/kernels/{kernel_id}", expect=204)

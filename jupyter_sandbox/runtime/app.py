@@ -25,6 +25,7 @@ def make_app(
             (r"/api/kernel", handlers.KernelHandler),
             (r"/api/kernel/channels", handlers.ChannelsHandler),
             (r"/api/kernel/state", handlers.KernelStateHandler),
+            (r"/api/usage", handlers.UsageHandler),
             (r"/api/kernel/(interrupt|restart|start|signal)", handlers.KernelActionHandler),
             (r"/execute", handlers.ExecuteHandler),
             (r"/execute/stream", handlers.ExecuteStreamHandler),

@@ -21,6 +21,7 @@ from .kernel_state import discard as discard_state
 from .paths import PathInvalid, PathRefused, confine
 from .state import RuntimeState
 from .upload import StreamingUpload
+from .usage import read_usage
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +79,13 @@ class ReadyHandler(BaseHandler):
 class KernelHandler(BaseHandler):
     def get(self) -> None:
         self.finish(self.runtime.describe())
+
+
+class UsageHandler(BaseHandler):
+    """``GET /api/usage``: memory and CPU the sandbox's processes use now."""
+
+    async def get(self) -> None:
+        self.finish(await read_usage())
 
 
 class KernelStateHandler(BaseHandler):

@@ -23,6 +23,8 @@ from tornado.iostream import StreamClosedError
 
 from ..control_plane.base import ClaimError
 from ..control_plane.factory import get_control_plane
+from ..control_plane.runtime_client import RuntimeCallError
+from ..control_plane.runtime_client import call as runtime_call
 from ..kernel_provisioner.provisioner import SandboxProvisioner
 from ..kernel_provisioner.runtime_files import RuntimeFileError
 from ..utils.background import background
@@ -100,7 +102,19 @@ class KernelHandler(SandboxAPIHandler):
         model = self.kernel_model(kernel_id, provisioner)
         if fresh:
             model["claim_status"] = await self.claim_status(provisioner)
+            model["usage"] = await self.usage(provisioner)
         self.finish(json.dumps(model, default=str))
+
+    async def usage(self, provisioner: SandboxProvisioner) -> dict[str, Any] | None:
+        """Memory and CPU in use now, from the runtime; None while nothing runs."""
+        session = provisioner.session
+        if session is None or session.suspended or session.endpoint is None:
+            return None
+        try:
+            request = runtime_call(session.endpoint, "GET", "api/usage", timeout=10)
+            return await background().run(request)
+        except RuntimeCallError:
+            return None
 
     async def claim_status(self, provisioner: SandboxProvisioner) -> dict[str, Any] | None:
         """The control plane's current view of the claim (not the cached one)."""

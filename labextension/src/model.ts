@@ -42,6 +42,14 @@ export interface ICopiedFiles {
   last_summary: string | null;
 }
 
+/** What the sandbox's processes use now (the runtime's `GET /api/usage`). */
+export interface IUsage {
+  memory_in_use_mb: number;
+  cpu_percent: number;
+  cpu_seconds_used: number;
+  processes: number;
+}
+
 export interface IKernelEntry {
   id: string;
   name: string;
@@ -49,6 +57,8 @@ export interface IKernelEntry {
   backend: string;
   sandbox: ISandboxDescription;
   claim_status?: Record<string, unknown> | null;
+  /** Only in a fresh read of one kernel; null while nothing runs (suspended). */
+  usage?: IUsage | null;
 }
 
 export interface IStartError {
@@ -505,4 +515,29 @@ export class EventStreamParser {
 /** Delay before the next reconnection attempt: 1 s, 2 s, 4 s … at most 30 s. */
 export function backoffDelay(attempt: number): number {
   return Math.min(30000, 1000 * Math.pow(2, Math.max(0, attempt)));
+}
+
+/**
+ * The details dialog's live rows: "Memory in use: 136 MB", "CPU now: 3% of a core".
+ * A suspended sandbox uses nothing and says so; an unknown reading shows nothing.
+ */
+export function usageRows(
+  usage: IUsage | null | undefined,
+  suspended: boolean
+): [string, string][] {
+  if (suspended) {
+    return [['In use', 'nothing (suspended)']];
+  }
+  if (!usage) {
+    return [];
+  }
+  const rows: [string, string][] = [
+    ['Memory in use', `${Math.round(usage.memory_in_use_mb)} MB`],
+    ['CPU now', `${Math.round(usage.cpu_percent)}% of a core`],
+    ['CPU used', `${usage.cpu_seconds_used.toFixed(1)} s`]
+  ];
+  if (usage.processes > 0) {
+    rows.push(['Processes', String(usage.processes)]);
+  }
+  return rows;
 }

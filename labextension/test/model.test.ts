@@ -13,7 +13,8 @@ import {
   sandboxAge,
   sandboxSpecInfo,
   sandboxState,
-  stateLabel
+  stateLabel,
+  usageRows
 } from '../src/model';
 
 const ready = {
@@ -239,5 +240,38 @@ describe('resourceRows', () => {
       expect(label).not.toContain('_');
       expect(label).not.toBe(key);
     }
+  });
+});
+
+describe('usageRows', () => {
+  const usage = { memory_in_use_mb: 135.6, cpu_percent: 2.96, cpu_seconds_used: 12.345, processes: 3 };
+  it.each([
+    [
+      'running',
+      usage,
+      false,
+      [
+        ['Memory in use', '136 MB'],
+        ['CPU now', '3% of a core'],
+        ['CPU used', '12.3 s'],
+        ['Processes', '3']
+      ]
+    ],
+    ['suspended', null, true, [['In use', 'nothing (suspended)']]],
+    ['suspended, stale reading', usage, true, [['In use', 'nothing (suspended)']]],
+    ['unreadable', null, false, []],
+    ['not asked', undefined, false, []],
+    [
+      'no process count',
+      { ...usage, processes: 0 },
+      false,
+      [
+        ['Memory in use', '136 MB'],
+        ['CPU now', '3% of a core'],
+        ['CPU used', '12.3 s']
+      ]
+    ]
+  ])('%s', (_name, reading, suspended, expected) => {
+    expect(usageRows(reading, suspended)).toEqual(expected);
   });
 });

@@ -109,6 +109,7 @@ def debian_suite() -> str:
 # and server extension, not the sandbox; JSBX_IMAGE_FULL=1 installs them all)
 RUNTIME_REQUIREMENTS = {
     "dill",  # the kernel saves its variables with it before a suspend
+    "psutil",  # what the sandbox uses now (GET /api/usage)
     "ipykernel",
     "jupyter-client",
     "tornado",

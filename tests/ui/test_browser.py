@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -259,6 +260,11 @@ def test_notebook_in_a_sandbox_suspend_and_resume(tmp_path: Path) -> None:
         sandbox_panel.locator(".jp-SandboxPanel-kernel[data-sandbox-state='suspended']").wait_for()
         expect(sandbox_panel.locator(".jp-SandboxPanel-live")).to_have_text("● live")
         page.screenshot(path=str(shots / "03-suspended.png"))
+        run_command(page, "Show Sandbox Details")
+        dialog = page.locator(".jp-Dialog")
+        dialog.locator(".jp-SandboxDetails").wait_for()
+        assert "In use\tnothing (suspended)" in dialog.inner_text(), dialog.inner_text()
+        dialog.locator("button", has_text="Close").click()
 
         # The next execution resumes the sandbox (a new kernel, same workspace).
         run_cell(page, "import os; print('back in', os.getcwd(), answer)", "back in")
@@ -281,6 +287,9 @@ def test_notebook_in_a_sandbox_suspend_and_resume(tmp_path: Path) -> None:
         details = dialog.inner_text()
         for word in ("Workspace", "Age", "Process\tpid ", "Isolation", "Claimed"):
             assert word in details, details
+        # what it uses now, read from the sandbox when the dialog opens
+        assert re.search(r"Memory in use\t\d+ MB", details), details
+        assert re.search(r"CPU now\t\d+% of a core", details), details
         labels = dialog.locator(".jp-SandboxDetails th").all_inner_texts()
         assert not [label for label in labels if "_" in label], labels
         page.screenshot(path=str(shots / "05-details.png"))
