@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import struct
@@ -576,10 +577,9 @@ async def test_websocket_to_unreachable_sandbox_is_502(router: dict[str, Any]) -
     assert err.value.code == 502
 
 
-async def test_a_resuming_bridge_says_idle_before_the_kernel_answers(
-    router: dict[str, Any],
-) -> None:
-    """The resume notice hangs on the bridge's "idle": nothing of the kernel may overtake it."""
+@contextlib.asynccontextmanager
+async def bridged_client() -> AsyncIterator[tuple[Bridge, AsyncKernelClient]]:
+    """A bridge as a provisioner makes one, and a jupyter_client client on its sockets."""
 
     async def relay(channel: str, head: dict[str, Any]) -> bool:
         return True
@@ -592,18 +592,29 @@ async def test_a_resuming_bridge_says_idle_before_the_kernel_answers(
         key=key, on_kernel_state=lambda *_: None, on_client_request=relay, on_disconnected=ignore
     )
     bridge.bind()
-    endpoint = Endpoint(
-        router_url=router["url"],
-        namespace=NS,
-        name="box-a",
-        token=router["authority"].issue(Scope(NS, "box-a")),
-    )
     kc = AsyncKernelClient()
     kc.load_connection_info(
         {**bridge.connection_info(), "key": key.decode(), "signature_scheme": "hmac-sha256"}
     )
     kc.start_channels()
     try:
+        yield bridge, kc
+    finally:
+        kc.stop_channels()
+        await bridge.close()
+
+
+async def test_a_resuming_bridge_says_idle_before_the_kernel_answers(
+    router: dict[str, Any],
+) -> None:
+    """The resume notice hangs on the bridge's "idle": nothing of the kernel may overtake it."""
+    endpoint = Endpoint(
+        router_url=router["url"],
+        namespace=NS,
+        name="box-a",
+        token=router["authority"].issue(Scope(NS, "box-a")),
+    )
+    async with bridged_client() as (bridge, kc):
         bridge.connect(endpoint)
         await kc.wait_for_ready(timeout=30)
         while await kc.iopub_channel.msg_ready():
@@ -623,9 +634,6 @@ async def test_a_resuming_bridge_says_idle_before_the_kernel_answers(
         reply = await kc.get_shell_msg(timeout=30)
         assert reply["parent_header"]["msg_id"] == msg_id
         assert reply["content"]["status"] == "ok"
-    finally:
-        kc.stop_channels()
-        await bridge.close()
 
 
 async def test_a_bridge_on_the_runtimes_socket_survives_a_dropped_connection(
@@ -633,38 +641,21 @@ async def test_a_bridge_on_the_runtimes_socket_survives_a_dropped_connection(
 ) -> None:
     """Straight to the runtime's socket (the local backend's path): a connection
     dropped mid-cell is re-opened, and no output is lost or repeated."""
-
-    async def relay(channel: str, head: dict[str, Any]) -> bool:
-        return True
-
-    async def ignore(failures: int) -> None:
-        return None
-
-    key = uuid.uuid4().hex.encode()
-    bridge = Bridge(
-        key=key, on_kernel_state=lambda *_: None, on_client_request=relay, on_disconnected=ignore
-    )
-    bridge.bind()
     # no router listens there: only the socket can work
     endpoint = Endpoint("http://127.0.0.1:9", NS, "box-a", unix_socket=runtime["socket"])
-    kc = AsyncKernelClient()
-    kc.load_connection_info(
-        {**bridge.connection_info(), "key": key.decode(), "signature_scheme": "hmac-sha256"}
-    )
-    kc.start_channels()
-    try:
+    async with bridged_client() as (bridge, kc):
         bridge.connect(endpoint)
         await kc.wait_for_ready(timeout=30)
         lines = 1500  # printed without pause: a gap of a millisecond would lose some
+        printed: list[dict[str, Any]] = []
         cell = asyncio.create_task(
             kc.execute_interactive(
                 f"import time\nfor i in range({lines}):\n    print(i, flush=True)\n"
                 "    time.sleep(0.001)",
-                output_hook=lambda msg: printed.append(msg),
+                output_hook=printed.append,
                 timeout=60,
             )
         )
-        printed: list[dict[str, Any]] = []
         await asyncio.sleep(0.5)
         assert bridge._ws is not None
         bridge._ws.close()  # as a restarted peer or a broken connection would
@@ -672,6 +663,3 @@ async def test_a_bridge_on_the_runtimes_socket_survives_a_dropped_connection(
         assert reply["content"]["status"] == "ok"
         text = "".join(m["content"]["text"] for m in printed if m["msg_type"] == "stream")
         assert text.split() == [str(i) for i in range(lines)]
-    finally:
-        kc.stop_channels()
-        await bridge.close()

@@ -29,8 +29,8 @@ def router(router_factory):
     return router_factory(SECRET)
 
 
-@pytest.fixture
-def kernelspecs(kube_node_cluster, kube, router, tmp_path):
+def node_kernelspecs(kube_node_cluster, kube, router, tmp_path, pool: str, name: str):
+    """A kernelspec ``name`` for ``pool`` on the node's cluster, through the router."""
     from jupyter_client.kernelspec import KernelSpecManager
 
     from jupyter_sandbox.kernelspec import make_kernelspec
@@ -42,11 +42,16 @@ def kernelspecs(kube_node_cluster, kube, router, tmp_path):
         "router_url": url,
         "token_secret_file": str(secret),
     }
-    kdir = tmp_path / "kernels" / "sbnode"
+    kdir = tmp_path / "kernels" / name
     kdir.mkdir(parents=True)
-    spec = make_kernelspec("python", backend="kubernetes", backend_options=options)
+    spec = make_kernelspec(pool, backend="kubernetes", backend_options=options)
     (kdir / "kernel.json").write_text(json.dumps(spec))
     return KernelSpecManager(kernel_dirs=[str(tmp_path / "kernels")])
+
+
+@pytest.fixture
+def kernelspecs(kube_node_cluster, kube, router, tmp_path):
+    return node_kernelspecs(kube_node_cluster, kube, router, tmp_path, "python", "sbnode")
 
 
 async def _execute(kc, code: str) -> dict:
@@ -178,10 +183,8 @@ async def test_a_pool_with_the_users_volume_shows_the_notebooks_directory(
     copy, and is there again after a suspend and resume in a new pod."""
     import getpass
 
-    from jupyter_client.kernelspec import KernelSpecManager
     from jupyter_client.manager import AsyncKernelManager
 
-    from jupyter_sandbox.kernelspec import make_kernelspec
     from tests.operator.conftest import POOL, TPL
 
     from .conftest import example_objects
@@ -231,18 +234,7 @@ async def test_a_pool_with_the_users_volume_shows_the_notebooks_directory(
         kube.create(TPL, tpl)
         kube.create(POOL, pool)
 
-        url, secret = router
-        options = {
-            "namespace": kube.ns,
-            "kubeconfig": str(kube_node_cluster.kubeconfig),
-            "router_url": url,
-            "token_secret_file": str(secret),
-        }
-        kdir = tmp_path / "kernels" / "sbhome"
-        kdir.mkdir(parents=True)
-        spec = make_kernelspec("home", backend="kubernetes", backend_options=options)
-        (kdir / "kernel.json").write_text(json.dumps(spec))
-        specs = KernelSpecManager(kernel_dirs=[str(tmp_path / "kernels")])
+        specs = node_kernelspecs(kube_node_cluster, kube, router, tmp_path, "home", "sbhome")
 
         km = AsyncKernelManager(kernel_name="sbhome", kernel_spec_manager=specs)
         await km.start_kernel(cwd=str(project))
