@@ -23,22 +23,31 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import Counter, Histogram
 
-from . import user_volume
-from .core import Key, Result, parse_time
-from .kube import CLAIM, POD, PVC, SANDBOX, ApiError
-from .user_volume import UserVolumeError, user_volume_of
-from .util import (
+from ..agent_sandbox import (
     ASSIGNED_SANDBOX_ANNOTATION,
+    CLAIM,
     CLAIM_UID_LABEL,
     CREATED_BY_LABEL,
-    FIELD_MANAGER,
     LAUNCH_TYPE_LABEL,
     POD_NAME_ANNOTATION,
     POD_TEMPLATE_HASH_LABEL,
+    SANDBOX,
     TEMPLATE_HASH_LABEL,
     TEMPLATE_REF_ANNOTATION,
     TEMPLATE_REF_HASH_LABEL,
     WARM_POOL_LABEL,
+    name_hash,
+)
+from . import user_volume
+from .core import Key, Result, parse_time
+from .kube import (
+    POD,
+    PVC,
+    ApiError,
+)
+from .user_volume import UserVolumeError, user_volume_of
+from .util import (
+    FIELD_MANAGER,
     blueprint_hash,
     blueprint_of,
     controller_of,
@@ -46,7 +55,6 @@ from .util import (
     deleting,
     get_condition,
     is_controlled_by,
-    name_hash,
     sandbox_ready,
     secure_defaults,
     set_condition,

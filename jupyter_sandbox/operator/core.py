@@ -23,7 +23,16 @@ from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from .kube import EVENT, LEASE, ApiError, Client, Resource, sleep_or_stop
+from ..agent_sandbox import (
+    Resource,
+)
+from .kube import (
+    EVENT,
+    LEASE,
+    ApiError,
+    Client,
+    sleep_or_stop,
+)
 
 log = logging.getLogger("jupyter_sandbox.operator")
 

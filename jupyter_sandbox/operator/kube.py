@@ -24,6 +24,8 @@ from urllib.parse import urlencode
 import aiohttp
 import yaml
 
+from ..agent_sandbox import Resource
+
 SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
 
@@ -55,38 +57,6 @@ class ApiError(Exception):
         return self.status == 410
 
 
-@dataclass(frozen=True)
-class Resource:
-    """A REST resource: group/version/plural (namespaced)."""
-
-    group: str
-    version: str
-    plural: str
-    kind: str
-    namespaced: bool = True
-
-    @property
-    def api_version(self) -> str:
-        return f"{self.group}/{self.version}" if self.group else self.version
-
-    def path(
-        self, namespace: str | None = None, name: str | None = None, sub: str | None = None
-    ) -> str:
-        base = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
-        if self.namespaced and namespace:
-            base += f"/namespaces/{namespace}"
-        base += f"/{self.plural}"
-        if name:
-            base += f"/{name}"
-            if sub:
-                base += f"/{sub}"
-        return base
-
-
-SANDBOX = Resource("agents.x-k8s.io", "v1beta1", "sandboxes", "Sandbox")
-TEMPLATE = Resource("extensions.agents.x-k8s.io", "v1beta1", "sandboxtemplates", "SandboxTemplate")
-WARMPOOL = Resource("extensions.agents.x-k8s.io", "v1beta1", "sandboxwarmpools", "SandboxWarmPool")
-CLAIM = Resource("extensions.agents.x-k8s.io", "v1beta1", "sandboxclaims", "SandboxClaim")
 POD = Resource("", "v1", "pods", "Pod")
 SERVICE = Resource("", "v1", "services", "Service")
 PVC = Resource("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim")

@@ -11,16 +11,29 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from ..agent_sandbox import (
+    CLAIM,
+    EXT_GROUP,
+    NAME_HASH_LABEL,
+    SANDBOX,
+    SANDBOX_GROUP,
+    TEMPLATE,
+    WARM_POOL_LABEL,
+    WARMPOOL,
+)
 from .claim import ClaimReconciler
 from .core import Controller, EventRecorder, Informer, LeaderElector, key_of
-from .kube import CLAIM, NETPOL, POD, PVC, SANDBOX, SERVICE, TEMPLATE, WARMPOOL, Client, load_config
+from .kube import (
+    NETPOL,
+    POD,
+    PVC,
+    SERVICE,
+    Client,
+    load_config,
+)
 from .sandbox import SandboxReconciler
 from .template import TemplateReconciler
 from .util import (
-    EXT_GROUP,
-    NAME_HASH_LABEL,
-    SANDBOX_GROUP,
-    WARM_POOL_LABEL,
     controller_of,
     group_of,
 )

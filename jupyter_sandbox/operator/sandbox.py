@@ -13,23 +13,31 @@ import copy
 import time
 from typing import TYPE_CHECKING
 
-from .core import Key, Result, parse_time
-from .kube import POD, PVC, SANDBOX, SERVICE, ApiError
-from .util import (
+from ..agent_sandbox import (
     ADOPTABLE_LABEL,
     EXT_GROUP,
-    FIELD_MANAGER,
     NAME_HASH_LABEL,
     POD_NAME_ANNOTATION,
     PROPAGATED_LABELS_ANNOTATION,
+    SANDBOX,
     TEMPLATE_REF_HASH_LABEL,
     WARM_POOL_LABEL,
+    name_hash,
+)
+from .core import Key, Result, parse_time
+from .kube import (
+    POD,
+    PVC,
+    SERVICE,
+    ApiError,
+)
+from .util import (
+    FIELD_MANAGER,
     controller_of,
     controller_ref,
     deleting,
     get_condition,
     is_controlled_by,
-    name_hash,
     owner_kind_is,
     remove_condition,
     set_condition,

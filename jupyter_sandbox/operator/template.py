@@ -13,15 +13,21 @@ from __future__ import annotations
 import copy
 from typing import TYPE_CHECKING
 
+from ..agent_sandbox import (
+    TEMPLATE,
+    TEMPLATE_REF_HASH_LABEL,
+    name_hash,
+)
 from .core import Key, Result
-from .kube import NETPOL, TEMPLATE, ApiError
+from .kube import (
+    NETPOL,
+    ApiError,
+)
 from .util import (
     FIELD_MANAGER,
-    TEMPLATE_REF_HASH_LABEL,
     controller_ref,
     deleting,
     is_controlled_by,
-    name_hash,
     set_condition,
 )
 

@@ -1,7 +1,6 @@
-"""Labels, hashes, owner references and conditions shared by the reconcilers.
+"""Hashes, owner references and conditions shared by the reconcilers.
 
-Label and annotation keys are those of kubernetes-sigs/agent-sandbox v1beta1, so
-objects written by either controller are understood by the other.
+The agent-sandbox label and annotation keys are in ``jupyter_sandbox/agent_sandbox.py``.
 """
 
 from __future__ import annotations
@@ -10,39 +9,10 @@ import copy
 import json
 from typing import Any
 
+from ..agent_sandbox import name_hash
 from .core import now_rfc3339
 
-SANDBOX_GROUP = "agents.x-k8s.io"
-EXT_GROUP = "extensions.agents.x-k8s.io"
-SANDBOX_API = f"{SANDBOX_GROUP}/v1beta1"
-EXT_API = f"{EXT_GROUP}/v1beta1"
-
-NAME_HASH_LABEL = "agents.x-k8s.io/sandbox-name-hash"
-WARM_POOL_LABEL = "agents.x-k8s.io/warm-pool-sandbox"
-TEMPLATE_REF_HASH_LABEL = "agents.x-k8s.io/sandbox-template-ref-hash"
-TEMPLATE_HASH_LABEL = "agents.x-k8s.io/sandbox-template-hash"
-POD_TEMPLATE_HASH_LABEL = (
-    "agents.x-k8s.io/sandbox-pod-template-hash"  # deprecated upstream, still written
-)
-LAUNCH_TYPE_LABEL = "agents.x-k8s.io/launch-type"
-CREATED_BY_LABEL = "agents.x-k8s.io/created-by"
-CLAIM_UID_LABEL = "agents.x-k8s.io/claim-uid"
-ADOPTABLE_LABEL = "agents.x-k8s.io/adoptable"
-TEMPLATE_REF_ANNOTATION = "agents.x-k8s.io/sandbox-template-ref"
-POD_NAME_ANNOTATION = "agents.x-k8s.io/pod-name"
-ASSIGNED_SANDBOX_ANNOTATION = "agents.x-k8s.io/sandbox-name"
-PROPAGATED_LABELS_ANNOTATION = "agents.x-k8s.io/propagated-labels"
-
 FIELD_MANAGER = "jupyter-sandbox-operator"
-
-
-def name_hash(name: str) -> str:
-    """FNV-1a 32-bit of ``name`` as 8 lowercase hex digits (upstream NameHash)."""
-    h = 0x811C9DC5
-    for b in name.encode():
-        h ^= b
-        h = (h * 0x01000193) & 0xFFFFFFFF
-    return f"{h:08x}"
 
 
 def canonical_hash(obj: Any) -> str:

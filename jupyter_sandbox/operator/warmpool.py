@@ -16,17 +16,23 @@ import copy
 import time
 from typing import TYPE_CHECKING
 
-from .core import Key, Result
-from .kube import SANDBOX, ApiError
-from .util import (
+from ..agent_sandbox import (
     CREATED_BY_LABEL,
-    FIELD_MANAGER,
     LAUNCH_TYPE_LABEL,
     POD_TEMPLATE_HASH_LABEL,
+    SANDBOX,
     TEMPLATE_HASH_LABEL,
     TEMPLATE_REF_ANNOTATION,
     TEMPLATE_REF_HASH_LABEL,
     WARM_POOL_LABEL,
+    name_hash,
+)
+from .core import Key, Result
+from .kube import (
+    ApiError,
+)
+from .util import (
+    FIELD_MANAGER,
     blueprint_hash,
     blueprint_of,
     canonical_hash,
@@ -34,7 +40,6 @@ from .util import (
     controller_ref,
     deleting,
     expected_pod_spec,
-    name_hash,
     sandbox_ready,
     secure_defaults,
     set_condition,

@@ -30,13 +30,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from ..agent_sandbox import CLAIM_UID_LABEL
 from ..control_plane.kubernetes import client as kc
 from .upstreams import Upstream
 
 log = logging.getLogger(__name__)
-
-
-CLAIM_UID_LABEL = "agents.x-k8s.io/claim-uid"
 
 
 @dataclass(frozen=True)

@@ -24,13 +24,13 @@ POOL_LABEL = "agents.x-k8s.io/warm-pool-sandbox"
 
 
 def pool_members(kube, pool="pool"):
-    from jupyter_sandbox.operator.util import name_hash
+    from jupyter_sandbox.agent_sandbox import name_hash
 
     return kube.list(SB, label_selector=f"{POOL_LABEL}={name_hash(pool)}")
 
 
 def test_template_network_policy_and_secure_defaults(kube, operator):
-    from jupyter_sandbox.operator.util import name_hash
+    from jupyter_sandbox.agent_sandbox import name_hash
 
     kube.create(TPL, template_body("python"))
     np = wait_for(
@@ -98,7 +98,7 @@ def test_template_network_policy_and_secure_defaults(kube, operator):
 
 
 def test_pool_fills_scales_and_reports(kube, operator):
-    from jupyter_sandbox.operator.util import name_hash
+    from jupyter_sandbox.agent_sandbox import name_hash
 
     kube.create(TPL, template_body("python"))
     kube.create(POOL, pool_body(replicas=3))

@@ -18,15 +18,6 @@ def fnv1a(s: str) -> str:
     return f"{h:08x}"
 
 
-def test_name_hash_matches_upstream_vectors():
-    from jupyter_sandbox.operator.util import name_hash
-
-    # FNV-1a 32 reference values
-    assert name_hash("") == "811c9dc5"
-    assert name_hash("a") == "e40c292c"
-    assert name_hash("foobar") == "bf9cf968"
-
-
 def test_children_shape_ownership_and_ready(kube, operator, make_pv):
     make_pv()
     vct = {

@@ -68,6 +68,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from ...agent_sandbox import ASSIGNED_SANDBOX_ANNOTATION, EXT_API, LAUNCH_TYPE_LABEL
 from ...operator.user_volume import CLAIM_KERNEL_CWD_ANNOTATION, CLAIM_SERVER_ANNOTATION
 from ...router.tokens import Scope, TokenAuthority
 from ...utils.users import current_user
@@ -102,8 +103,6 @@ KERNEL_ID_LABEL = "jupyter-sandbox/kernel-id"
 OWNER_HOST_ANNOTATION = "jupyter-sandbox/owner-host"
 RESUMED_AT_ANNOTATION = "jupyter-sandbox/resumed-at"
 DISPLAY_NAME_ANNOTATION = "jupyter-sandbox/display-name"
-ASSIGNED_SANDBOX_ANNOTATION = "agents.x-k8s.io/sandbox-name"
-LAUNCH_TYPE_LABEL = "agents.x-k8s.io/launch-type"
 RUNTIME_PORT = 8888
 WATCH_CHUNK = 60  # seconds per watch request; re-watched from the last resourceVersion
 
@@ -375,7 +374,7 @@ class KubernetesControlPlane(ControlPlane):
         if request.env:
             spec["env"] = [{"name": k, "value": v} for k, v in sorted(request.env.items())]
         return {
-            "apiVersion": "extensions.agents.x-k8s.io/v1beta1",
+            "apiVersion": EXT_API,
             "kind": "SandboxClaim",
             "metadata": {"name": name, "labels": labels, "annotations": annotations},
             "spec": spec,

@@ -28,14 +28,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ... import agent_sandbox
 from ...operator.user_volume import CLAIM_USER_ANNOTATION
 
 SA_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
-SANDBOX = ("agents.x-k8s.io", "v1beta1", "sandboxes")
-TEMPLATE = ("extensions.agents.x-k8s.io", "v1beta1", "sandboxtemplates")
-WARMPOOL = ("extensions.agents.x-k8s.io", "v1beta1", "sandboxwarmpools")
-CLAIM = ("extensions.agents.x-k8s.io", "v1beta1", "sandboxclaims")
+SANDBOX = agent_sandbox.SANDBOX.gvp
+TEMPLATE = agent_sandbox.TEMPLATE.gvp
+WARMPOOL = agent_sandbox.WARMPOOL.gvp
+CLAIM = agent_sandbox.CLAIM.gvp
 
 # On a claim: the exact name of the user it is for (labels hold a sanitized
 # copy); the router's JupyterHub authorization admits only that user, and the

@@ -2,8 +2,7 @@
 still initialising its storage, watches answered 429 and the operator's
 informers relisted at once, without any delay.  A watch that keeps failing with
 an API error (429, 5xx, 403 after an RBAC change) while LIST works must back off
-exponentially, not hammer the API server.  (No cluster needed; marked like the
-rest of this directory.)"""
+exponentially, not hammer the API server."""
 
 from __future__ import annotations
 
@@ -12,10 +11,9 @@ from typing import Any
 
 import pytest
 
+from jupyter_sandbox.agent_sandbox import SANDBOX
 from jupyter_sandbox.operator.core import Informer
-from jupyter_sandbox.operator.kube import SANDBOX, ApiError
-
-pytestmark = pytest.mark.cluster
+from jupyter_sandbox.operator.kube import ApiError
 
 
 class FlakyWatchClient:

@@ -4,18 +4,14 @@ The answer to one of the operator's own writes can reach the cache after the
 watch has already reported the object deleted; put in then, it would bring the
 object back as a zombie that the reconcilers act on (a Sandbox that no longer
 exists getting a new Pod). Deleted keys are remembered with the resourceVersion
-they were gone at. (No cluster needed; marked like the rest of this directory.)"""
+they were gone at."""
 
 from __future__ import annotations
 
 from typing import Any
 
-import pytest
-
+from jupyter_sandbox.agent_sandbox import SANDBOX
 from jupyter_sandbox.operator.core import Informer
-from jupyter_sandbox.operator.kube import SANDBOX
-
-pytestmark = pytest.mark.cluster
 
 
 def sandbox(rv: int, uid: str = "u1") -> dict[str, Any]:
