@@ -93,6 +93,8 @@ def test_daemon_started_from_a_home_directory_exposes_nothing_of_it(short_tmp: P
             "home": str(home),
             "state dir": str(state),
             "daemon socket": str(state / "daemon.sock"),
+            # every runtime's socket: kernel channels without the router on the local backend
+            "runtime sockets": str(state / "sockets"),
             "router secret": str(state / "router-secret"),
             "repository": str(REPO / ".git"),
         },
