@@ -20,6 +20,7 @@ from ..agent_sandbox import (
     POD_NAME_ANNOTATION,
     PROPAGATED_LABELS_ANNOTATION,
     SANDBOX,
+    SANDBOX_GROUP,
     TEMPLATE_REF_HASH_LABEL,
     WARM_POOL_LABEL,
     name_hash,
@@ -46,7 +47,7 @@ from .util import (
 if TYPE_CHECKING:
     from .manager import Operator
 
-SYSTEM_PREFIXES = ("agents.x-k8s.io/", "kubernetes.io/", "k8s.io/")
+SYSTEM_PREFIXES = (f"{SANDBOX_GROUP}/", "kubernetes.io/", "k8s.io/")
 
 
 class ChildConflict(Exception):
