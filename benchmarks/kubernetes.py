@@ -173,9 +173,9 @@ class Api:
         for name in names:
             while True:
                 crd = await self.call("GET", f"{base}/{name}")
-                conds = {
-                    c["type"]: c["status"] for c in crd.get("status", {}).get("conditions", [])
-                }
+                # A CRD just created may have no status yet, or "conditions": null.
+                status = crd.get("status") or {}
+                conds = {c["type"]: c["status"] for c in status.get("conditions") or []}
                 if conds.get("Established") == "True":
                     break
                 if time.monotonic() > deadline:
