@@ -79,6 +79,7 @@ class SandboxResolver:
         fallback_dns: bool = True,
         watch_timeout: int = 300,
         track_owners: bool = False,
+        list_page_size: int = 500,
     ) -> None:
         self.api_client = api_client
         allowed = {n for n in (allowed_namespaces or ()) if n}
@@ -87,6 +88,9 @@ class SandboxResolver:
         self.fallback_dns = fallback_dns
         self.watch_timeout = watch_timeout
         self.track_owners = track_owners
+        if list_page_size < 1:
+            raise ValueError("list_page_size must be at least 1")
+        self.list_page_size = list_page_size
         self._cache: dict[tuple[str, str], Entry] = {}
         # (namespace, claim uid) -> the user the claim names
         self._owners: dict[tuple[str, str], str | None] = {}
@@ -240,15 +244,28 @@ class SandboxResolver:
     def _relist(
         self, fn: Any, args: tuple[Any, ...], kind: tuple[str, str, str], ns: str | None
     ) -> str:
-        data = kc.call(fn, *args, _request_timeout=(5, 60))
+        # In pages, as the API server prefers for large lists; every page belongs to
+        # the first one's snapshot, whose resourceVersion the watch starts from.  An
+        # expired continue token (410) fails the relist and the caller starts over.
         cache, item = self._store(kind)
-        fresh = dict(item(obj.get("metadata") or {}, obj) for obj in data.get("items") or [])
+        fresh: dict[Any, Any] = {}
+        token: str | None = None
+        version: str | None = None
+        while True:
+            page = {"limit": self.list_page_size, **({"_continue": token} if token else {})}
+            data = kc.call(fn, *args, _request_timeout=(5, 60), **page)
+            fresh.update(item(obj.get("metadata") or {}, obj) for obj in data.get("items") or [])
+            meta = data.get("metadata") or {}
+            version = version or str(meta["resourceVersion"])
+            token = meta.get("continue") or None
+            if token is None:
+                break
         for key in [k for k in cache if ns is None or k[0] == ns]:
             if key not in fresh:
                 cache.pop(key, None)
         cache.update(fresh)
         self._mark(kind, ns, True)
-        return str(data["metadata"]["resourceVersion"])
+        return version
 
     def _mark(self, kind: tuple[str, str, str], ns: str | None, synced: bool) -> None:
         self._synced[(kind[2], ns)] = synced

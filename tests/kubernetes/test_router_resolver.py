@@ -99,6 +99,20 @@ def test_cluster_wide_without_fallback(kube, operator, resolver_factory):
     wait_for(lambda: _sync(r.lookup(kube.ns, name, 8888)), 10, what="cluster-wide watch sees it")
 
 
+def test_a_relist_reads_every_page(kube, operator, resolver_factory):
+    make_pool(kube, replicas=5)
+    wait_for(lambda: len(kube.list(SB)) == 5, 30, what="five sandboxes")
+    names = {sb["metadata"]["name"] for sb in kube.list(SB)}
+    # started after they exist: only the initial list, in pages of two, can know them all
+    r = resolver_factory(allowed_namespaces=[kube.ns], fallback_dns=False, list_page_size=2)
+    assert {name for name in names if r.get(kube.ns, name) is not None} == names
+
+
+def test_a_page_size_below_one_is_refused(kube_cluster):
+    with pytest.raises(ValueError, match="list_page_size"):
+        SandboxResolver(None, list_page_size=0)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
