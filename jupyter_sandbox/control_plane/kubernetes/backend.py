@@ -1,7 +1,9 @@
 """``KubernetesControlPlane``: sandboxes as agent-sandbox SandboxClaims.
 
 Selected in a kernelspec with ``"backend": "kubernetes"``; ``backend_options``
-(all JSON-simple) become constructor arguments:
+(all JSON-simple) become constructor arguments, checked and typed by
+``options.parse_options`` (an unknown option, or one of the wrong type or out of
+range, is an ``InvalidRequest`` that names it):
 
 ``namespace``
     where claims are made (default: the in-cluster namespace, else the
@@ -89,6 +91,7 @@ from ..base import (
 from ..runtime_client import RuntimeCallError
 from ..runtime_client import call as runtime_call
 from . import client as kc
+from .options import parse_options
 
 log = logging.getLogger(__name__)
 
@@ -98,12 +101,10 @@ MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGED_BY = "jupyter-sandbox"
 OWNER_LABEL = "jupyter-sandbox/owner"
 USER_LABEL = "jupyter-sandbox/user"
-ROUTER_AUTH_MODES = ("token", "jupyterhub", "none")
 KERNEL_ID_LABEL = "jupyter-sandbox/kernel-id"
 OWNER_HOST_ANNOTATION = "jupyter-sandbox/owner-host"
 RESUMED_AT_ANNOTATION = "jupyter-sandbox/resumed-at"
 DISPLAY_NAME_ANNOTATION = "jupyter-sandbox/display-name"
-RUNTIME_PORT = 8888
 WATCH_CHUNK = 60  # seconds per watch request; re-watched from the last resourceVersion
 
 # Claim Ready=False reasons the operator (ours or upstream's) will not recover from.
@@ -176,42 +177,23 @@ def _terminal(claim: dict[str, Any]) -> dict[str, Any] | None:
 
 
 class KubernetesControlPlane(ControlPlane):
-    def __init__(
-        self,
-        namespace: str | None = None,
-        router_url: str | None = None,
-        token_secret_file: str | None = None,
-        token_secret: str | None = None,
-        kubeconfig: str | None = None,
-        context: str | None = None,
-        in_cluster: bool | str | None = None,
-        owner: str | None = None,
-        port: int | str = RUNTIME_PORT,
-        request_timeout: float | str = 30.0,
-        max_threads: int | str = 64,
-        token_ttl: float | str = 7 * 24 * 3600,
-        router_auth: str | None = None,
-        save_state: bool | str = True,
-        state_max_mb: int | str = 1024,
-        state_timeout: float | str = 60.0,
-    ) -> None:
-        self._namespace_option = namespace or None
-        self.router_url = (router_url or "").rstrip("/") or None
-        self.kubeconfig = os.path.expanduser(kubeconfig) if kubeconfig else None
-        self.context = context or None
-        if isinstance(in_cluster, str):
-            in_cluster = in_cluster.lower() in ("1", "true", "yes")
-        self.in_cluster = in_cluster
-        self.owner = owner or None
-        self.port = int(port)
-        self.request_timeout = float(request_timeout)
-        self.token_ttl = float(token_ttl)
-        if isinstance(save_state, str):
-            save_state = save_state.lower() not in ("0", "false", "no")
-        self.save_state = save_state
-        self.state_max_bytes = int(state_max_mb) * 1024 * 1024
-        self.state_timeout = float(state_timeout)
-        secret = token_secret
+    def __init__(self, **options: Any) -> None:
+        """``options``: those of the module docstring; see ``options.parse_options``."""
+        o = parse_options(options)
+        self._namespace_option = o["namespace"]
+        self.router_url = (o["router_url"] or "").rstrip("/") or None
+        self.kubeconfig = os.path.expanduser(o["kubeconfig"]) if o["kubeconfig"] else None
+        self.context = o["context"]
+        self.in_cluster = o["in_cluster"]
+        self.owner = o["owner"]
+        self.port = o["port"]
+        self.request_timeout = o["request_timeout"]
+        self.token_ttl = o["token_ttl"]
+        self.save_state = o["save_state"]
+        self.state_max_bytes = o["state_max_mb"] * 1024 * 1024
+        self.state_timeout = o["state_timeout"]
+        token_secret_file, router_auth = o["token_secret_file"], o["router_auth"]
+        secret = o["token_secret"]
         if token_secret_file:
             try:
                 with open(os.path.expanduser(token_secret_file)) as handle:
@@ -222,10 +204,6 @@ class KubernetesControlPlane(ControlPlane):
                     hint="mount the router's token secret and point token_secret_file at it",
                 ) from None
         self.router_auth = router_auth or ("token" if secret else "none")
-        if self.router_auth not in ROUTER_AUTH_MODES:
-            raise InvalidRequest(
-                f"router_auth must be one of {', '.join(ROUTER_AUTH_MODES)}, not {router_auth!r}"
-            )
         if self.router_auth == "token" and not secret:
             raise InvalidRequest(
                 "router_auth 'token' needs the router's secret",
@@ -243,7 +221,7 @@ class KubernetesControlPlane(ControlPlane):
                     hint="JupyterHub sets both for every single-user server",
                 )
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
-        self._max_threads = max(4, int(max_threads))
+        self._max_threads = max(4, o["max_threads"])
         self._kube: kc.KubeConfig | None = None
         self._kube_lock = asyncio.Lock()
         self._pools_seen: dict[str, float] = {}
