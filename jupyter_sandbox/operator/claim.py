@@ -40,11 +40,7 @@ from ..agent_sandbox import (
 )
 from . import user_volume
 from .core import Key, Result, parse_time
-from .kube import (
-    POD,
-    PVC,
-    ApiError,
-)
+from .kube import POD, PVC, ApiError
 from .user_volume import UserVolumeError, user_volume_of
 from .util import (
     FIELD_MANAGER,
@@ -559,7 +555,7 @@ class ClaimReconciler:
             annotations.get(user_volume.CLAIM_SERVER_ANNOTATION),
         )
         node = None
-        if not set(pvc.get("spec", {}).get("accessModes") or []) & user_volume.SHARED_ACCESS_MODES:
+        if not user_volume.attaches_anywhere(pvc):  # else no need to list the pods
             pods = (await self.op.client.list(POD, ns)).get("items") or []
             node = user_volume.node_to_share(pvc, pods)
         user_volume.attach(

@@ -23,16 +23,8 @@ from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from ..agent_sandbox import (
-    Resource,
-)
-from .kube import (
-    EVENT,
-    LEASE,
-    ApiError,
-    Client,
-    sleep_or_stop,
-)
+from ..agent_sandbox import Resource
+from .kube import EVENT, LEASE, ApiError, Client, sleep_or_stop
 
 log = logging.getLogger("jupyter_sandbox.operator")
 

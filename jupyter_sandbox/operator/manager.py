@@ -23,20 +23,10 @@ from ..agent_sandbox import (
 )
 from .claim import ClaimReconciler
 from .core import Controller, EventRecorder, Informer, LeaderElector, key_of
-from .kube import (
-    NETPOL,
-    POD,
-    PVC,
-    SERVICE,
-    Client,
-    load_config,
-)
+from .kube import NETPOL, POD, PVC, SERVICE, Client, load_config
 from .sandbox import SandboxReconciler
 from .template import TemplateReconciler
-from .util import (
-    controller_of,
-    group_of,
-)
+from .util import controller_of, group_of
 from .warmpool import WarmPoolReconciler
 
 log = logging.getLogger("jupyter_sandbox.operator")

@@ -26,12 +26,7 @@ from ..agent_sandbox import (
     name_hash,
 )
 from .core import Key, Result, parse_time
-from .kube import (
-    POD,
-    PVC,
-    SERVICE,
-    ApiError,
-)
+from .kube import POD, PVC, SERVICE, ApiError
 from .util import (
     FIELD_MANAGER,
     controller_of,

@@ -13,23 +13,10 @@ from __future__ import annotations
 import copy
 from typing import TYPE_CHECKING
 
-from ..agent_sandbox import (
-    TEMPLATE,
-    TEMPLATE_REF_HASH_LABEL,
-    name_hash,
-)
+from ..agent_sandbox import TEMPLATE, TEMPLATE_REF_HASH_LABEL, name_hash
 from .core import Key, Result
-from .kube import (
-    NETPOL,
-    ApiError,
-)
-from .util import (
-    FIELD_MANAGER,
-    controller_ref,
-    deleting,
-    is_controlled_by,
-    set_condition,
-)
+from .kube import NETPOL, ApiError
+from .util import FIELD_MANAGER, controller_ref, deleting, is_controlled_by, set_condition
 
 if TYPE_CHECKING:
     from .manager import Operator

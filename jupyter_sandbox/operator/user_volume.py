@@ -101,14 +101,18 @@ def choose_user_pvc(pvcs: list[dict], user: str | None, server: str | None) -> d
     )
 
 
+def attaches_anywhere(pvc: dict) -> bool:
+    """A shared access mode: the volume can be mounted on any node, beside other pods."""
+    return bool(set(pvc.get("spec", {}).get("accessModes") or []) & SHARED_ACCESS_MODES)
+
+
 def node_to_share(pvc: dict, pods: list[dict]) -> str | None:
     """The node a ReadWriteOnce volume is attached to now (the sandbox must go there).
 
     None when the volume can be attached anywhere (a shared access mode) or is not
     in use. A ReadWriteOncePod volume cannot be shared with a running pod at all.
     """
-    modes = set(pvc.get("spec", {}).get("accessModes") or [])
-    if modes & SHARED_ACCESS_MODES:
+    if attaches_anywhere(pvc):
         return None
     name = pvc["metadata"]["name"]
     users = [
@@ -123,7 +127,7 @@ def node_to_share(pvc: dict, pods: list[dict]) -> str | None:
     ]
     if not users:
         return None
-    if "ReadWriteOncePod" in modes:
+    if "ReadWriteOncePod" in (pvc.get("spec", {}).get("accessModes") or []):
         raise UserVolumeError(
             f"PersistentVolumeClaim {name!r} is ReadWriteOncePod and in use by pod"
             f" {users[0]['metadata']['name']!r}: it cannot be shared with a sandbox"

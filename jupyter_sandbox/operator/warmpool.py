@@ -28,9 +28,7 @@ from ..agent_sandbox import (
     name_hash,
 )
 from .core import Key, Result
-from .kube import (
-    ApiError,
-)
+from .kube import ApiError
 from .util import (
     FIELD_MANAGER,
     blueprint_hash,

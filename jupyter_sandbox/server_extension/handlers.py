@@ -101,8 +101,9 @@ class KernelHandler(SandboxAPIHandler):
         provisioner = self.provisioner(kernel_id)
         model = self.kernel_model(kernel_id, provisioner)
         if fresh:
-            model["claim_status"] = await self.claim_status(provisioner)
-            model["usage"] = await self.usage(provisioner)
+            model["claim_status"], model["usage"] = await asyncio.gather(
+                self.claim_status(provisioner), self.usage(provisioner)
+            )
         self.finish(json.dumps(model, default=str))
 
     async def usage(self, provisioner: SandboxProvisioner) -> dict[str, Any] | None:

@@ -41,19 +41,17 @@ def _flag(name: str, value: Any) -> bool | None:
 
 def _number(kind: type, low: float, high: float | None = None) -> Callable[[str, Any], Any]:
     def convert(name: str, value: Any) -> Any:
-        bound = f"from {low:g} to {high:g}" if high is not None else f"of at least {low:g}"
-        what = "an integer" if kind is int else "a number"
-        try:
-            if isinstance(value, bool) or (
-                kind is int and isinstance(value, float) and not value.is_integer()
-            ):
-                raise ValueError
-            number = kind(value)
-        except (TypeError, ValueError):
-            raise InvalidRequest(
-                f"backend option {name} must be {what} {bound}, not {value!r}"
-            ) from None
-        if number < low or (high is not None and number > high):
+        number = None
+        # bool is an int to Python, and int(8.5) is 8: neither is a number here
+        fractional = kind is int and isinstance(value, float) and not value.is_integer()
+        if not isinstance(value, bool) and not fractional:
+            try:
+                number = kind(value)
+            except (TypeError, ValueError):
+                pass
+        if number is None or number < low or (high is not None and number > high):
+            bound = f"from {low:g} to {high:g}" if high is not None else f"of at least {low:g}"
+            what = "an integer" if kind is int else "a number"
             raise InvalidRequest(f"backend option {name} must be {what} {bound}, not {value!r}")
         return number
 
@@ -103,6 +101,4 @@ def parse_options(raw: Mapping[str, Any]) -> dict[str, Any]:
     for name, (convert, default) in OPTIONS.items():
         value = raw.get(name)
         typed[name] = default if value is None else convert(name, value)
-        if typed[name] is None and default is not None:
-            typed[name] = default
     return typed
