@@ -19,6 +19,7 @@ from jupyter_client.manager import AsyncKernelManager
 from jupyter_sandbox.control_plane.base import ClaimRequest
 from jupyter_sandbox.control_plane.local.client import LocalControlPlane
 
+from .ports import free_port
 from .stats import Figure, Series
 
 SANDBOX = "sandbox-bench"
@@ -241,7 +242,7 @@ async def idle_memory(plane: LocalControlPlane) -> Figure:
     await plane.release(claim.name)
 
     # The approach other products take: a jupyter_server in the sandbox, plus its kernel.
-    port = _free_port()
+    port = free_port()
     token = uuid.uuid4().hex
     server = subprocess.Popen(
         [
@@ -279,11 +280,3 @@ async def idle_memory(plane: LocalControlPlane) -> Figure:
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(30)
     return Figure("memory of one idle warm sandbox", sandbox, baseline, "lower")
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])

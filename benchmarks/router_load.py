@@ -18,16 +18,11 @@ from contextlib import contextmanager
 
 from jupyter_sandbox.router.tokens import Scope, TokenAuthority
 
+from .ports import free_port
 from .stats import Figure, Series
 from .upstream import upstream_program
 
 SECRET = "benchmark-secret-0123456789abcdef0123456789"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _wait_port(port: int, timeout: float = 60) -> None:
@@ -73,8 +68,8 @@ def _go_router(exe: str, port: int) -> list[str]:
     return [
         exe,
         f"--http-bind-address=127.0.0.1:{port}",
-        f"--metrics-bind-address=127.0.0.1:{_free_port()}",
-        f"--health-probe-bind-address=127.0.0.1:{_free_port()}",
+        f"--metrics-bind-address=127.0.0.1:{free_port()}",
+        f"--health-probe-bind-address=127.0.0.1:{free_port()}",
         # the benchmark's runtime listens on loopback, named by X-Sandbox-Pod-IP
         "--allow-loopback-pod-ip",
     ]
@@ -87,7 +82,7 @@ def router_figures(seconds: int, reps: int, build: bool = False) -> list[Figure]
     go_exe, why = upstream_program("router", build)
     if go_exe is None:
         print(f"router load without the upstream Go router: {why}", file=sys.stderr)
-    runtime_port, router_port, go_port = _free_port(), _free_port(), _free_port()
+    runtime_port, router_port, go_port = free_port(), free_port(), free_port()
     workspace = tempfile.mkdtemp(prefix="bench-runtime-")
     token = TokenAuthority(SECRET).issue(Scope("bench", "bench"))
     headers = {

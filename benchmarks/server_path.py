@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,21 +25,16 @@ from jupyter_server.services.kernels.connection.base import (
 )
 from tornado import httpclient, websocket
 
+from .ports import free_port
 from .stats import Figure, Series
 
 MANAGER = "jupyter_sandbox.kernel_provisioner.manager.SandboxKernelManager"
 V1 = "v1.kernel.websocket.jupyter.org"
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 class _Server:
     def __init__(self) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.token = uuid.uuid4().hex
         self.root = tempfile.mkdtemp(prefix="bench-server-")
         self.log = open(os.path.join(self.root, "server.log"), "wb")
