@@ -55,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="kubeconfig path (default: $KUBECONFIG, ~/.kube/config, in-cluster)",
     )
+    p.add_argument("--context", default=None, help="kubeconfig context (default: the current one)")
     p.add_argument("--namespace", default=None, help="watch only this namespace (default: all)")
     p.add_argument(
         "--workers", type=int, default=8, help="worker scale; sandbox and claim controllers get 2x"
@@ -108,11 +109,13 @@ def main(argv: list[str] | None = None) -> int:
     root.setLevel(args.log_level.upper())
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
 
+    from ..kubernetes_credentials import CredentialsError
     from .manager import Operator, Options
 
     identity = args.identity or f"{socket.gethostname()}_{os.getpid()}"
     opts = Options(
         kubeconfig=args.kubeconfig,
+        context=args.context,
         namespace=args.namespace,
         workers=args.workers,
         leader_elect=args.leader_elect,
@@ -131,7 +134,11 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("jupyter_sandbox.operator").info(
         "starting operator", extra={"identity": identity}
     )
-    return asyncio.run(Operator(opts).run())
+    try:
+        return asyncio.run(Operator(opts).run())
+    except CredentialsError as exc:
+        print(f"jupyter-sandbox operator: error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

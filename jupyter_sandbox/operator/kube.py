@@ -10,23 +10,16 @@ informer caches cheap.
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
-import os
-import ssl
-import tempfile
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
 import aiohttp
-import yaml
 
+from .. import kubernetes_credentials as credentials
 from ..agent_sandbox import Resource
-
-SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+from ..kubernetes_credentials import ConnectionSettings
 
 
 class ApiError(Exception):
@@ -65,69 +58,14 @@ NETPOL = Resource("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy")
 LEASE = Resource("coordination.k8s.io", "v1", "leases", "Lease")
 
 
-@dataclass
-class Config:
-    server: str
-    token: str | None = None
-    ssl: ssl.SSLContext | bool = True
-    token_file: str | None = None
+def load_config(kubeconfig: str | None = None, context: str | None = None) -> ConnectionSettings:
+    """kubeconfig (explicit, $KUBECONFIG, ~/.kube/config) or in-cluster service account.
 
-
-def _materialise(data_b64: str | None, path: str | None, base: Path) -> str | None:
-    if data_b64:
-        f = tempfile.NamedTemporaryFile(delete=False, prefix="kube-", suffix=".pem")
-        f.write(base64.b64decode(data_b64))
-        f.close()
-        return f.name
-    if path:
-        p = Path(path)
-        return str(p if p.is_absolute() else base / p)
-    return None
-
-
-def load_config(kubeconfig: str | None = None, context: str | None = None) -> Config:
-    """kubeconfig (explicit, $KUBECONFIG, ~/.kube/config) or in-cluster service account."""
-    path = kubeconfig or os.environ.get("KUBECONFIG")
-    if not path and (SA_DIR / "token").exists() and os.environ.get("KUBERNETES_SERVICE_HOST"):
-        host = os.environ["KUBERNETES_SERVICE_HOST"]
-        port = os.environ.get("KUBERNETES_SERVICE_PORT", "443")
-        ctx = ssl.create_default_context(cafile=str(SA_DIR / "ca.crt"))
-        return Config(server=f"https://{host}:{port}", ssl=ctx, token_file=str(SA_DIR / "token"))
-    path = path or str(Path.home() / ".kube" / "config")
-    base = Path(path).parent
-    cfg = yaml.safe_load(Path(path).read_text())
-    ctx_name = context or cfg.get("current-context")
-    ctx = next(c["context"] for c in cfg["contexts"] if c["name"] == ctx_name)
-    cluster = next(c["cluster"] for c in cfg["clusters"] if c["name"] == ctx["cluster"])
-    user: dict[str, Any] = (
-        next((u["user"] for u in cfg.get("users", []) if u["name"] == ctx.get("user")), {}) or {}
-    )
-    server = cluster["server"].rstrip("/")
-    sslctx: ssl.SSLContext | bool = True
-    if server.startswith("https"):
-        if cluster.get("insecure-skip-tls-verify"):
-            sslctx = False
-        else:
-            ca = _materialise(
-                cluster.get("certificate-authority-data"),
-                cluster.get("certificate-authority"),
-                base,
-            )
-            sslctx = ssl.create_default_context(cafile=ca) if ca else ssl.create_default_context()
-        cert = _materialise(
-            user.get("client-certificate-data"), user.get("client-certificate"), base
-        )
-        key = _materialise(user.get("client-key-data"), user.get("client-key"), base)
-        if cert and key:
-            if sslctx is False:
-                sslctx = ssl.create_default_context()
-                sslctx.check_hostname = False
-                sslctx.verify_mode = ssl.CERT_NONE
-            assert isinstance(sslctx, ssl.SSLContext)
-            sslctx.load_cert_chain(cert, key)
-    return Config(
-        server=server, token=user.get("token"), ssl=sslctx, token_file=user.get("tokenFile")
-    )
+    Blocking (an exec credential plugin may run): call before the event loop's
+    work starts, or from a thread.
+    """
+    loaded = credentials.load(kubeconfig=kubeconfig, context=context)
+    return ConnectionSettings(loaded.configuration)
 
 
 class Client:
@@ -135,7 +73,7 @@ class Client:
 
     def __init__(
         self,
-        config: Config,
+        config: ConnectionSettings,
         max_connections: int = 64,
         user_agent: str = "jupyter-sandbox-operator",
     ) -> None:
@@ -148,16 +86,24 @@ class Client:
     async def close(self) -> None:
         await self._session.close()
 
-    def _headers(self, content_type: str | None = None) -> dict[str, str]:
+    async def _headers(
+        self, content_type: str | None = None, fresh_token: bool = False
+    ) -> dict[str, str]:
         h = {"Accept": "application/json"}
-        token = self.config.token
-        if self.config.token_file:
-            token = Path(self.config.token_file).read_text().strip()
-        if token:
-            h["Authorization"] = f"Bearer {token}"
+        authorization = await self.config.authorization(force=fresh_token)
+        if authorization:
+            h["Authorization"] = authorization
         if content_type:
             h["Content-Type"] = content_type
         return h
+
+    def _connection_options(self) -> dict[str, Any]:
+        options: dict[str, Any] = {}
+        if self.config.server_hostname:
+            options["server_hostname"] = self.config.server_hostname
+        if self.config.proxy:
+            options["proxy"] = self.config.proxy
+        return options
 
     async def request(
         self,
@@ -174,21 +120,30 @@ class Client:
         data = (
             None if body is None else (body if isinstance(body, (bytes, str)) else json.dumps(body))
         )
-        async with self._session.request(
-            method,
-            url,
-            data=data,
-            headers=self._headers(content_type if data is not None else None),
-            timeout=aiohttp.ClientTimeout(total=timeout),
-        ) as r:
-            raw = await r.read()
-            try:
-                payload = json.loads(raw) if raw else {}
-            except ValueError:
-                payload = {"message": raw.decode(errors="replace")}
-            if r.status >= 400:
-                raise ApiError(r.status, payload, method, path)
-            return payload
+        for attempt in (1, 2):
+            async with self._session.request(
+                method,
+                url,
+                data=data,
+                headers=await self._headers(
+                    content_type if data is not None else None, fresh_token=attempt == 2
+                ),
+                timeout=aiohttp.ClientTimeout(total=timeout),
+                **self._connection_options(),
+            ) as r:
+                raw = await r.read()
+                try:
+                    payload = json.loads(raw) if raw else {}
+                except ValueError:
+                    payload = {"message": raw.decode(errors="replace")}
+                # A 401 may mean the token rotated or expired since it was read:
+                # ask the credentials once more before giving up.
+                if r.status == 401 and attempt == 1:
+                    continue
+                if r.status >= 400:
+                    raise ApiError(r.status, payload, method, path)
+                return payload
+        raise AssertionError("unreachable")
 
     # -- verbs -----------------------------------------------------------------
 
@@ -281,11 +236,14 @@ class Client:
         )
         async with self._session.get(
             url,
-            headers=self._headers(),
+            headers=await self._headers(),
             timeout=aiohttp.ClientTimeout(
                 total=None, sock_connect=30, sock_read=timeout_seconds + 30
             ),
+            **self._connection_options(),
         ) as r:
+            if r.status == 401:
+                await self.config.authorization(force=True)
             if r.status >= 400:
                 raw = await r.read()
                 try:

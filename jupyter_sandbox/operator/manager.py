@@ -21,6 +21,7 @@ from ..agent_sandbox import (
     WARM_POOL_LABEL,
     WARMPOOL,
 )
+from ..kubernetes_credentials import ConnectionSettings
 from .claim import ClaimReconciler
 from .core import Controller, EventRecorder, Informer, LeaderElector, key_of
 from .kube import NETPOL, POD, PVC, SERVICE, Client, load_config
@@ -35,6 +36,7 @@ log = logging.getLogger("jupyter_sandbox.operator")
 @dataclass
 class Options:
     kubeconfig: str | None = None
+    context: str | None = None  # kubeconfig context (None: the current one)
     namespace: str | None = None  # None: all namespaces
     workers: int = 8
     leader_elect: bool = True
@@ -71,10 +73,8 @@ class Operator:
         self.stop = asyncio.Event()
         self.ready = False
 
-    def _build(self) -> None:
-        c = self.client = Client(
-            load_config(self.opts.kubeconfig), max_connections=max(32, self.opts.workers * 8)
-        )
+    def _build(self, settings: ConnectionSettings) -> None:
+        c = self.client = Client(settings, max_connections=max(32, self.opts.workers * 8))
         ns = self.opts.namespace
         self.events = EventRecorder(c)
         sel = NAME_HASH_LABEL  # children we create always carry it
@@ -211,7 +211,7 @@ class Operator:
         return runner
 
     async def run(self) -> int:
-        self._build()
+        self._build(await asyncio.to_thread(load_config, self.opts.kubeconfig, self.opts.context))
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             try:

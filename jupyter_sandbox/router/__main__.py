@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 
 
 def _in_cluster() -> bool:
-    from ..control_plane.kubernetes.client import in_cluster_available
+    from ..kubernetes_credentials import in_cluster_available
 
     return in_cluster_available()
 

@@ -20,18 +20,15 @@ aiohttp client (``operator/kube.py``) has no exec-plugin support.
 from __future__ import annotations
 
 import json
-import os
 import socket
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from ... import agent_sandbox
+from ... import kubernetes_credentials as credentials
 from ...operator.user_volume import CLAIM_USER_ANNOTATION
-
-SA_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 SANDBOX = agent_sandbox.SANDBOX.gvp
 TEMPLATE = agent_sandbox.TEMPLATE.gvp
@@ -72,10 +69,6 @@ class ApiStatus(Exception):
         return self.status == 410
 
 
-def in_cluster_available() -> bool:
-    return bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and SA_NAMESPACE_FILE.exists()
-
-
 @dataclass
 class KubeConfig:
     api_client: Any  # kubernetes.client.ApiClient
@@ -89,42 +82,23 @@ def load(
     context: str | None = None,
     in_cluster: bool | None = None,
     pool_size: int = 64,
-    timeout: float = 30.0,
 ) -> KubeConfig:
     """An ApiClient and the default namespace (in-cluster, or the kubeconfig context's).
 
-    ``in_cluster=None`` picks in-cluster config when running in a pod and no
-    kubeconfig was named.  Blocking (exec plugins may run): call from a thread.
+    Blocking (exec plugins may run): call from a thread.
     """
-    from kubernetes import client, config
+    from kubernetes import client
 
-    cfg = client.Configuration()
-    use_cluster = (
-        in_cluster if in_cluster is not None else (kubeconfig is None and in_cluster_available())
-    )
-    namespace = "default"
-    if use_cluster:
-        config.load_incluster_config(client_configuration=cfg)
-        try:
-            namespace = SA_NAMESPACE_FILE.read_text().strip() or namespace
-        except OSError:
-            pass
-    else:
-        path = kubeconfig or os.environ.get("KUBECONFIG", "").split(os.pathsep)[0] or None
-        try:
-            config.load_kube_config(config_file=path, context=context, client_configuration=cfg)
-            _, active = config.list_kube_config_contexts(config_file=path)
-            if context:
-                contexts, _ = config.list_kube_config_contexts(config_file=path)
-                active = next((c for c in contexts if c.get("name") == context), active)
-            namespace = ((active or {}).get("context") or {}).get("namespace") or namespace
-        except config.ConfigException as exc:
-            raise Unreachable(f"no usable Kubernetes configuration: {exc}") from None
+    try:
+        loaded = credentials.load(kubeconfig=kubeconfig, context=context, in_cluster=in_cluster)
+    except credentials.CredentialsError as exc:
+        raise Unreachable(str(exc)) from None
+    cfg = loaded.configuration
     cfg.connection_pool_maxsize = max(pool_size, 4)
     cfg.retries = 1
     api = client.ApiClient(cfg)
     api.user_agent = "jupyter-sandbox"
-    return KubeConfig(api_client=api, namespace=namespace, in_cluster=bool(use_cluster))
+    return KubeConfig(api_client=api, namespace=loaded.namespace, in_cluster=loaded.in_cluster)
 
 
 def _body(exc: Any) -> Any:
