@@ -30,6 +30,8 @@ ADOPTABLE_LABEL = "agents.x-k8s.io/adoptable"
 TEMPLATE_REF_ANNOTATION = "agents.x-k8s.io/sandbox-template-ref"
 POD_NAME_ANNOTATION = "agents.x-k8s.io/pod-name"
 ASSIGNED_SANDBOX_ANNOTATION = "agents.x-k8s.io/sandbox-name"
+# When the controller first saw a claim (RFC 3339 with nanoseconds), for latency metrics.
+FIRST_OBSERVED_ANNOTATION = "agents.x-k8s.io/controller-first-observed-at"
 PROPAGATED_LABELS_ANNOTATION = "agents.x-k8s.io/propagated-labels"
 
 

@@ -1,4 +1,4 @@
-"""SandboxClaim reconciler: adopt a Ready warm-pool Sandbox or cold-start one.
+"""SandboxClaim reconciler: adopt a warm-pool Sandbox or cold-start one.
 
 Adoption is one resourceVersion-conditioned PUT of the candidate Sandbox that
 replaces its controller reference (pool -> claim) and drops the pool labels.
@@ -8,9 +8,11 @@ candidate, so a Sandbox can never end up controlled by two claims.  Within one
 process, candidates being adopted are reserved so concurrent workers do not
 collide on the same one.
 
+Adoption takes the oldest Ready member, else the oldest member that has its
+pod IP; a claim younger than two seconds waits for members still getting one.
 A claim with ``env`` or ``volumeClaimTemplates``, one for a template with a user
-volume (``user_volume``), or one whose pool has no Ready
-member, gets a fresh Sandbox named like the claim.  Deleting the claim deletes
+volume (``user_volume``), or one whose pool has nothing to adopt, gets a fresh
+Sandbox named like the claim.  Deleting the claim deletes
 its Sandbox through the garbage collector (controller ownerReference).
 """
 
@@ -28,6 +30,7 @@ from ..agent_sandbox import (
     CLAIM,
     CLAIM_UID_LABEL,
     CREATED_BY_LABEL,
+    FIRST_OBSERVED_ANNOTATION,
     LAUNCH_TYPE_LABEL,
     POD_NAME_ANNOTATION,
     POD_TEMPLATE_HASH_LABEL,
@@ -39,7 +42,7 @@ from ..agent_sandbox import (
     name_hash,
 )
 from . import user_volume
-from .core import Key, Result, parse_time
+from .core import Key, Result, parse_time, rfc3339_nano
 from .kube import POD, PVC, ApiError
 from .user_volume import UserVolumeError, user_volume_of
 from .util import (
@@ -126,26 +129,55 @@ def validate_claim(claim: dict, template: dict) -> None:
                     f"target container {e['containerName']!r} not found in template",
                 )
     if spec.get("volumeClaimTemplates"):
+        template_vcts = tspec.get("volumeClaimTemplates") or []
+        _check_vct_names(template_vcts, "template")
+        _check_vct_names(spec["volumeClaimTemplates"], "claim")
         policy = tspec.get("volumeClaimTemplatesPolicy") or "Disallowed"
         if policy not in ("Allowed", "Overrides"):
             raise ClaimRejected(
                 "VolumeClaimTemplatesError",
-                "volumeClaimTemplates are not allowed by the template policy",
+                "volume claim templates are disallowed by the template",
             )
-        tnames = {
-            (v.get("metadata") or {}).get("name") for v in tspec.get("volumeClaimTemplates") or []
-        }
-        for v in spec["volumeClaimTemplates"]:
-            n = (v.get("metadata") or {}).get("name")
-            if not n:
-                raise ClaimRejected(
-                    "VolumeClaimTemplatesError", "every volumeClaimTemplate needs metadata.name"
-                )
-            if n in tnames and policy == "Allowed":
-                raise ClaimRejected(
-                    "VolumeClaimTemplatesError",
-                    f"volumeClaimTemplate {n!r} would override the template's",
-                )
+        if policy == "Allowed":
+            tnames = {(v.get("metadata") or {}).get("name") for v in template_vcts}
+            for v in spec["volumeClaimTemplates"]:
+                n = v["metadata"]["name"]
+                if n in tnames:
+                    raise ClaimRejected(
+                        "VolumeClaimTemplatesError",
+                        "overriding volume claim templates is forbidden by the template: "
+                        f"cannot override template volume {n!r}",
+                    )
+
+
+# How long a new claim waits for a pool member that is still getting its pod IP
+# before it cold-starts instead (upstream's warmCandidateGracePeriod).
+WARM_CANDIDATE_GRACE_SECONDS = 2.0
+
+
+def _warm_grace_left(claim: dict) -> float:
+    created = parse_time(claim["metadata"].get("creationTimestamp"))
+    if created is None:
+        return 0.0
+    return max(0.0, created + WARM_CANDIDATE_GRACE_SECONDS - time.time())
+
+
+def _check_vct_names(vcts: list[dict], where: str) -> None:
+    """Every volume claim template needs a name, and no name twice (one PVC each)."""
+    seen: set[str] = set()
+    for i, v in enumerate(vcts):
+        n = (v.get("metadata") or {}).get("name")
+        if not n:
+            raise ClaimRejected(
+                "VolumeClaimTemplatesError",
+                f"{where}: invalid volume claim templates: name at index {i} is empty",
+            )
+        if n in seen:
+            raise ClaimRejected(
+                "VolumeClaimTemplatesError",
+                f"{where}: invalid volume claim templates: duplicate name {n!r}",
+            )
+        seen.add(n)
 
 
 def _inject_env(container: dict, envs: list[dict], policy: str) -> None:
@@ -276,6 +308,7 @@ class ClaimReconciler:
         self._reserved: set[tuple[str, str]] = set()  # candidates being adopted right now
         self._assigned: dict[str, str] = {}  # claim uid -> sandbox name (covers cache lag)
         self._ready_seen: set[str] = set()
+        self._first_observed: dict[str, str] = {}  # claim uid -> RFC 3339 nano
 
     # -- main ------------------------------------------------------------------
 
@@ -288,6 +321,7 @@ class ClaimReconciler:
             return None
         ns, _ = key
         uid = claim["metadata"]["uid"]
+        self._first_observed.setdefault(uid, rfc3339_nano(time.time_ns()))
         spec = claim.get("spec", {})
         lc = spec.get("lifecycle") or {}
         result: Result | None = None
@@ -339,8 +373,12 @@ class ClaimReconciler:
                     or volume is not None
                 )
                 if not cold:
-                    sandbox = await self._adopt(claim, pool, template)
+                    sandbox, pending = await self._adopt(claim, pool, template)
                     launch = "warm"
+                    wait = _warm_grace_left(claim) if sandbox is None and pending else 0.0
+                    if wait > 0:
+                        # members about to get their pod IP beat a cold start
+                        return Result(requeue_after=min(0.5, wait))
                 if sandbox is None:
                     sandbox = await self._cold_start(claim, template, volume)
                     launch = "cold"
@@ -388,25 +426,37 @@ class ClaimReconciler:
                 "SandboxNotReady",
                 (sready or {}).get("message") or "Sandbox is not ready",
             )
-        if annotated:
+        annotations = self._missing_annotations(claim)
+        if not annotated:
+            annotations[ASSIGNED_SANDBOX_ANNOTATION] = sbname
+        if not annotations:
             await self._set_status(claim, sandbox, cond)
             return result
         # The annotation (metadata) and the status (its own subresource) are
         # independent merge patches: one round trip for both, not two in turn.
         still_there, _ = await asyncio.gather(
-            self._annotate(claim, sbname), self._set_status(claim, sandbox, cond)
+            self._annotate(claim, annotations), self._set_status(claim, sandbox, cond)
         )
         return result if still_there else None
 
-    async def _annotate(self, claim: dict, sbname: str) -> bool:
-        """Record the claim's sandbox in its annotation; False if the claim is gone."""
+    def _missing_annotations(self, claim: dict) -> dict[str, str]:
+        """The annotations every claim gets that this one lacks (upstream's
+        first-observed time, which latency metrics read)."""
+        present = claim["metadata"].get("annotations") or {}
+        if present.get(FIRST_OBSERVED_ANNOTATION):
+            return {}
+        observed = self._first_observed.get(claim["metadata"]["uid"])
+        return {FIRST_OBSERVED_ANNOTATION: observed or rfc3339_nano(time.time_ns())}
+
+    async def _annotate(self, claim: dict, annotations: dict[str, str]) -> bool:
+        """Merge ``annotations`` into the claim's; False if the claim is gone."""
         md = claim["metadata"]
         try:
             updated = await self.op.client.patch(
                 CLAIM,
                 md["namespace"],
                 md["name"],
-                {"metadata": {"annotations": {ASSIGNED_SANDBOX_ANNOTATION: sbname}}},
+                {"metadata": {"annotations": annotations}},
             )
         except ApiError as e:
             if e.not_found:
@@ -421,6 +471,8 @@ class ClaimReconciler:
             if u not in live:
                 del self._assigned[u]
         self._ready_seen &= live
+        for u in [u for u in self._first_observed if u not in live]:
+            del self._first_observed[u]
 
     # -- finding / adopting / creating ----------------------------------------
 
@@ -472,34 +524,46 @@ class ClaimReconciler:
             self._assigned.pop(uid, None)
         return None
 
-    async def _adopt(self, claim: dict, pool: dict, template: dict) -> dict | None:
+    async def _adopt(self, claim: dict, pool: dict, template: dict) -> tuple[dict | None, int]:
+        """The adopted member, or None and how many members wait for a pod IP."""
         op = self.op
         ns = claim["metadata"]["namespace"]
         pool_uid = pool["metadata"]["uid"]
         recreate = ((pool.get("spec", {}).get("updateStrategy") or {}).get("type")) == "Recreate"
         current = blueprint_hash(template)
         members = op.sandboxes.by_index("warm-pool", name_hash(pool["metadata"]["name"]))
-        # oldest first: members that have been Ready longest go out first, and a
+        # Oldest first: members that have been Ready longest go out first, and a
         # refill that turns Ready mid-burst never overtakes an original member.
-        # Sort on the cheap key, then check members lazily and stop at 8: a burst
-        # reconciles every claim against the whole pool, so a full scan per claim
-        # made a burst of N claims cost O(N^2) condition lookups.
+        # Sort on the cheap key, then check members lazily and stop at 8 Ready
+        # ones: a burst reconciles every claim against the whole pool, so a full
+        # scan per claim made a burst of N claims cost O(N^2) condition lookups.
+        # As upstream does, a member that is not Ready yet but has its pod IP is
+        # the fallback when none is Ready: it is closer to Ready than a cold start.
         members.sort(
             key=lambda s: (s["metadata"].get("creationTimestamp", ""), s["metadata"]["name"])
         )
-        cands = []
+        cands: list[dict] = []
+        fallback: dict | None = None
+        pending = 0
         for sb in members:
             md = sb["metadata"]
             if md["namespace"] != ns or deleting(sb) or (ns, md["name"]) in self._reserved:
                 continue
             ref = controller_of(sb)
-            if ref is None or ref.get("uid") != pool_uid or not sandbox_ready(sb):
+            if ref is None or ref.get("uid") != pool_uid:
                 continue
             if recreate and is_stale(sb, template, current):
                 continue
-            cands.append(sb)
-            if len(cands) == 8:
-                break
+            if sandbox_ready(sb):
+                cands.append(sb)
+                if len(cands) == 8:
+                    break
+            elif not (sb.get("status") or {}).get("podIPs"):
+                pending += 1
+            elif fallback is None:
+                fallback = sb
+        if not cands and fallback is not None:
+            cands.append(fallback)
         for cand in cands:
             k = (ns, cand["metadata"]["name"])
             if k in self._reserved:
@@ -515,10 +579,10 @@ class ClaimReconciler:
                         continue
                     raise
                 op.sandboxes.upsert_local(adopted)
-                return adopted
+                return adopted, pending
             finally:
                 self._reserved.discard(k)
-        return None
+        return None, pending
 
     async def _cold_start(
         self, claim: dict, template: dict, volume: user_volume.UserVolume | None
@@ -569,6 +633,9 @@ class ClaimReconciler:
     # -- status / expiry ---------------------------------------------------------
 
     async def _reject(self, claim: dict, reason: str, message: str) -> Result | None:
+        annotations = self._missing_annotations(claim)
+        if annotations:
+            await self._annotate(claim, annotations)
         await self._set_status(claim, None, ("False", reason, message))
         await self.op.events.record(claim, "Warning", reason, message)
         return None  # level-triggered: a change of claim, pool or template requeues it

@@ -72,6 +72,14 @@ def micro_now() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
+def rfc3339_nano(ns: int) -> str:
+    """Go's ``time.RFC3339Nano`` in UTC: nanoseconds, trailing zeros trimmed."""
+    seconds, fraction = divmod(ns, 1_000_000_000)
+    digits = f"{fraction:09d}".rstrip("0")
+    base = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds))
+    return f"{base}.{digits}Z" if digits else f"{base}Z"
+
+
 def parse_time(s: str | None) -> float | None:
     if not s:
         return None

@@ -29,6 +29,7 @@ from .core import Key, Result, parse_time
 from .kube import POD, PVC, SERVICE, ApiError
 from .util import (
     FIELD_MANAGER,
+    condition_true,
     controller_of,
     controller_ref,
     deleting,
@@ -174,6 +175,10 @@ class SandboxReconciler:
             status["service"] = None
             status["serviceFQDN"] = None
 
+        if pod is not None and owned_pod is None and err is None:
+            # a foreign pod blocks suspension and is outside our pod watch: look again
+            later = result.requeue_after if result and result.requeue_after else 10.0
+            result = Result(requeue_after=min(10.0, later))
         conds = list(status.get("conditions") or [])
         conds = self._conditions(sb, conds, pod, owned_pod, svc, err, pod_err, gen)
         status["conditions"] = conds
@@ -252,6 +257,12 @@ class SandboxReconciler:
             pod = op.pods.get(ns, name)
         suspended = sb["spec"].get("operatingMode", "Running") == "Suspended"
         if suspended:
+            if pod is None and not condition_true(sb, "Suspended"):
+                # The pod cache holds only pods carrying the name-hash label.  A pod
+                # of this name that somebody else made is invisible to it, yet it
+                # must block suspension (upstream reports PodNotOwned): look it up
+                # by name until suspension is confirmed.
+                pod = await self._get_pod(ns, pod_name)
             if pod is not None and is_controlled_by(pod, sb) and not deleting(pod):
                 try:
                     await op.client.delete(
@@ -262,29 +273,7 @@ class SandboxReconciler:
                         raise
             return pod
         if pod is not None:
-            if is_controlled_by(pod, sb):
-                await self._sync_pod_labels(sb, pod)
-                return pod
-            if controller_of(pod) is not None:
-                raise ChildConflict(
-                    f"pod {pod['metadata']['name']} is controlled by another object"
-                )
-            labels = pod["metadata"].get("labels") or {}
-            if labels.get(ADOPTABLE_LABEL) != "true" and labels.get(NAME_HASH_LABEL) != nh:
-                raise ChildConflict(f"cannot adopt unowned pod {pod['metadata']['name']}")
-            patched = await op.client.patch(
-                POD,
-                ns,
-                pod["metadata"]["name"],
-                {
-                    "metadata": {
-                        "ownerReferences": [controller_ref(sb)],
-                        "resourceVersion": pod["metadata"]["resourceVersion"],
-                    }
-                },
-            )
-            op.pods.upsert_local(patched)
-            return patched
+            return await self._own_existing_pod(sb, pod, nh)
         # create
         labels, managed = desired_pod_labels(sb)
         tmeta = sb["spec"].get("podTemplate", {}).get("metadata") or {}
@@ -315,16 +304,47 @@ class SandboxReconciler:
             created = await op.client.create(POD, ns, body, fieldManager=FIELD_MANAGER)
         except ApiError as e:
             if e.already_exists:
-                existing = await op.client.get(POD, ns, name)
-                op.pods.upsert_local(existing)
-                if not is_controlled_by(existing, sb):
-                    raise ChildConflict(
-                        f"pod {name} exists and is not controlled by this sandbox"
-                    ) from e
-                return existing
+                # made by someone else, and invisible to the pod cache if unlabelled
+                return await self._own_existing_pod(sb, await op.client.get(POD, ns, name), nh)
             raise
         op.pods.upsert_local(created)
         return created
+
+    async def _own_existing_pod(self, sb: dict, pod: dict, nh: str) -> dict:
+        """Keep our pod, adopt an adoptable orphan, refuse anything else."""
+        if is_controlled_by(pod, sb):
+            await self._sync_pod_labels(sb, pod)
+            return pod
+        name = pod["metadata"]["name"]
+        if controller_of(pod) is not None:
+            raise ChildConflict(f"pod {name} is controlled by another object")
+        labels = pod["metadata"].get("labels") or {}
+        if labels.get(ADOPTABLE_LABEL) != "true" and labels.get(NAME_HASH_LABEL) != nh:
+            raise ChildConflict(
+                f"cannot adopt unowned pod {name}: it has neither the label "
+                f"{ADOPTABLE_LABEL}=true nor {NAME_HASH_LABEL}={nh}"
+            )
+        patched = await self.op.client.patch(
+            POD,
+            sb["metadata"]["namespace"],
+            name,
+            {
+                "metadata": {
+                    "ownerReferences": [controller_ref(sb)],
+                    "resourceVersion": pod["metadata"]["resourceVersion"],
+                }
+            },
+        )
+        self.op.pods.upsert_local(patched)
+        return patched
+
+    async def _get_pod(self, ns: str, name: str) -> dict | None:
+        try:
+            return await self.op.client.get(POD, ns, name)
+        except ApiError as e:
+            if e.not_found:
+                return None
+            raise
 
     async def _sync_pod_labels(self, sb: dict, pod: dict) -> None:
         """Keep managed pod labels in line (e.g. pool label dropped after adoption)."""

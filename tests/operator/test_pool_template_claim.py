@@ -174,7 +174,26 @@ def test_pool_update_strategy_recreate(kube, operator):
     assert {m["metadata"]["name"] for m in pool_members(kube, "lazy")} == lazy_old
 
 
+def assert_first_observed(claim: dict, since: float) -> None:
+    """Upstream's TestSandboxClaimObservabilityAnnotation: RFC 3339 with nanoseconds,
+    not before the claim was made."""
+    import datetime as dt
+
+    stamp = claim["metadata"]["annotations"]["agents.x-k8s.io/controller-first-observed-at"]
+    seconds, _, rest = stamp.partition(".")
+    digits = rest.rstrip("Z")
+    assert stamp.endswith("Z") and digits.isdigit() and len(digits) <= 9, stamp
+    assert int(digits.ljust(9, "0")) != 0, stamp
+    observed = dt.datetime.fromisoformat(seconds + "+00:00").timestamp() + int(digits) / 10 ** len(
+        digits
+    )
+    assert observed >= since - 1.0, (stamp, since)  # clocks of one machine; 1 s for rounding
+
+
 def test_claim_adopts_warm_then_pool_refills_and_delete_cascades(kube, operator):
+    import time
+
+    started = time.time()
     kube.create(TPL, template_body("python"))
     kube.create(POOL, pool_body(replicas=2))
     wait_for(lambda: kube.get(POOL, "pool").get("status", {}).get("readyReplicas") == 2, 60)
@@ -194,6 +213,7 @@ def test_claim_adopts_warm_then_pool_refills_and_delete_cascades(kube, operator)
     wait_for(lambda: POOL_LABEL not in kube.pod(name).metadata.labels, 30, what="pod relabelled")
     assert kube.pod(name).metadata.labels["user"] == "alice"
     assert any(e.reason == "SandboxAdopted" for e in kube.events("c1"))
+    assert_first_observed(c, since=started)
 
     # refill
     wait_for(
@@ -213,6 +233,7 @@ def test_claim_adopts_warm_then_pool_refills_and_delete_cascades(kube, operator)
     assert {"name": "FOO", "value": "bar"} in sb2["spec"]["podTemplate"]["spec"]["containers"][0][
         "env"
     ]
+    assert_first_observed(c2, since=started)
 
     # deleting the claim deletes sandbox, pod, service (garbage collector)
     kube.delete(CLAIM, "c1")
@@ -237,6 +258,8 @@ def test_bad_claims_get_conditions_and_events(kube, operator):
         ),
         30,
     )
+    c = kube.get(CLAIM, "nopool")
+    assert "agents.x-k8s.io/controller-first-observed-at" in c["metadata"]["annotations"]
 
     kube.create(POOL, pool_body(name="orphanpool", template="nope"))
     wait_for(
@@ -262,6 +285,30 @@ def test_bad_claims_get_conditions_and_events(kube, operator):
     )
     wait_for(lambda: cond(kube.get(CLAIM, "mdbad"), "Ready").get("reason") == "InvalidMetadata", 30)
 
+    # volume claim templates: the same name twice would be one PVC for two volumes
+    kube.patch(TPL, "python", {"spec": {"volumeClaimTemplatesPolicy": "Allowed"}})
+    vct = {
+        "metadata": {"name": "custom-data"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
+    }
+    for name, vcts, message in [
+        ("vctdup", [vct, vct], "duplicate name 'custom-data'"),
+        ("vctnoname", [{**vct, "metadata": {}}], "name at index 0 is empty"),
+    ]:
+        kube.create(CLAIM, claim_body(name, volumeClaimTemplates=vcts))
+        c = wait_for(
+            lambda name=name: (
+                (x := kube.get(CLAIM, name))
+                and cond(x, "Ready").get("reason") == "VolumeClaimTemplatesError"
+                and x
+            ),
+            30,
+            what=f"{name} rejected",
+        )
+        assert cond(c, "Ready")["status"] == "False"
+        assert message in cond(c, "Ready")["message"]
+        assert kube.get(SB, name) is None, "a rejected claim started a Sandbox"
+
     # a late template heals the claim (level-triggered, no manual retry)
     kube.create(TPL, template_body("nope"))
     wait_for(lambda: is_ready(kube.get(CLAIM, "notpl")), 60, what="claim healed by template")
@@ -285,3 +332,38 @@ def test_claim_lifecycle_retain_and_delete(kube, operator):
     wait_for(lambda: kube.get(SB, "keep") is None, 30, what="sandbox of expired claim deleted")
     wait_for(lambda: kube.get(CLAIM, "gone") is None, 30, what="claim deleted")
     wait_for(lambda: kube.get(SB, "gone") is None, 60, what="its sandbox collected")
+
+
+def test_with_no_ready_member_a_claim_adopts_one_that_has_its_pod_ip(kube, operator):
+    # Upstream's adoption order: Ready members first, else the oldest member that
+    # already has a pod IP (closer to Ready than a cold start).
+    kube.create(TPL, template_body("python"))
+    kube.create(POOL, pool_body(replicas=1))
+    wait_for(lambda: kube.get(POOL, "pool").get("status", {}).get("readyReplicas") == 1, 60)
+    (member,) = [m["metadata"]["name"] for m in pool_members(kube)]
+    pod = kube.pod(member)
+    conditions = [
+        {"type": c.type, "status": "False" if c.type in ("Ready", "ContainersReady") else c.status}
+        for c in pod.status.conditions
+    ]
+    kube.core.patch_namespaced_pod_status(member, kube.ns, {"status": {"conditions": conditions}})
+    wait_for(
+        lambda: (
+            (sb := kube.get(SB, member))
+            and not is_ready(sb)
+            and (sb.get("status") or {}).get("podIPs")
+        ),
+        30,
+        what="pool member not Ready, with a pod IP",
+    )
+
+    kube.create(CLAIM, claim_body("c1"))
+    c = wait_for(
+        lambda: (x := kube.get(CLAIM, "c1")) and (x.get("status") or {}).get("sandbox") and x,
+        30,
+        what="claim bound",
+    )
+    assert c["status"]["sandbox"]["name"] == member
+    assert cond(c, "Ready")["reason"] == "SandboxNotReady"
+    assert kube.get(SB, "c1") is None, "cold-started although a member had its pod IP"
+    assert kube.get(SB, member)["metadata"]["labels"]["agents.x-k8s.io/launch-type"] == "warm"

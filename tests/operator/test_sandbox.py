@@ -148,3 +148,54 @@ def test_foreign_pod_gets_condition_not_crash(kube, operator):
         lambda: any(e.reason == "ChildConflict" for e in kube.events("taken")), 30, what="Event"
     )
     assert operator.proc.poll() is None
+
+
+def test_a_foreign_pod_of_the_same_name_blocks_suspension_and_is_left_alone(kube, operator):
+    # Upstream's TestSandboxSuspensionBlockedByUnownedPodConflict: the pod has no
+    # labels, so no label-filtered pod cache can see it.
+    from jupyter_sandbox.agent_sandbox import NAME_HASH_LABEL, name_hash
+
+    kube.core.create_namespaced_pod(
+        kube.ns,
+        {"metadata": {"name": "clash"}, "spec": {"containers": [{"name": "c", "image": "x"}]}},
+    )
+    kube.create(SB, sandbox_body("clash", service=True, operatingMode="Suspended"))
+    s = wait_for(
+        lambda: (
+            (x := kube.get(SB, "clash"))
+            and cond(x, "Suspended").get("reason") == "PodNotOwned"
+            and x
+        ),
+        30,
+        what="PodNotOwned",
+    )
+    conditions = {
+        c["type"]: (c["status"], c["reason"], c["message"], c.get("observedGeneration"))
+        for c in s["status"]["conditions"]
+    }
+    assert conditions == {
+        "Suspended": (
+            "False",
+            "PodNotOwned",
+            "Refused to delete pod because it is not owned by this sandbox",
+            1,
+        ),
+        "Ready": ("False", "SandboxSuspended", "Sandbox is suspending", 1),
+    }
+    assert s["status"]["selector"] == f"{NAME_HASH_LABEL}={name_hash('clash')}"
+    assert s["status"]["service"] == "clash"
+    assert s["status"]["serviceFQDN"] == f"clash.{kube.ns}.svc.cluster.local"
+    assert kube.pod("clash") is not None, "the operator deleted a pod it does not own"
+
+    # Once the foreign pod is gone (outside the operator's pod watch), suspension
+    # completes without any change to the Sandbox.
+    kube.core.delete_namespaced_pod("clash", kube.ns, grace_period_seconds=0)
+    wait_for(lambda: kube.pod("clash") is None, 30, what="foreign pod gone")
+    s = wait_for(
+        lambda: (x := kube.get(SB, "clash")) and cond(x, "Suspended").get("status") == "True" and x,
+        30,
+        what="Suspended once the pod is gone",
+    )
+    assert cond(s, "Suspended")["reason"] == "PodTerminated"
+    assert cond(s, "Ready")["message"] == "Sandbox is suspended"
+    assert operator.proc.poll() is None
