@@ -659,21 +659,20 @@ class ClaimReconciler:
                 )
         new = dict(old)
         new["conditions"] = conds
+        mirrored = ("podIPs", "serviceFQDN")  # from the Sandbox's status, as upstream
         if sandbox is not None:
-            ips = (sandbox.get("status") or {}).get("podIPs") or None
             sbs = {"name": sandbox["metadata"]["name"]}
-            if ips:
-                sbs["podIPs"] = ips
+            sstatus = sandbox.get("status") or {}
+            sbs.update({k: sstatus[k] for k in mirrored if sstatus.get(k)})
             new["sandbox"] = sbs
         if new == old:
             return
         patch = dict(new)
-        if (
-            sandbox is not None
-            and "podIPs" not in new["sandbox"]
-            and "podIPs" in (old.get("sandbox") or {})
-        ):
-            patch["sandbox"] = dict(new["sandbox"], podIPs=None)
+        if sandbox is not None:
+            # a merge patch keeps what it does not mention: clear what went away
+            gone = [k for k in mirrored if k in (old.get("sandbox") or {}) and k not in sbs]
+            if gone:
+                patch["sandbox"] = dict(sbs, **dict.fromkeys(gone))
         await self.op.claims.patch_status(claim, patch)
 
     async def _expire(self, claim: dict, policy: str) -> Result | None:

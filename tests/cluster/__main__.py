@@ -8,6 +8,8 @@
                                         # node (containerd, runc, CNI, kubelet)
     python -m tests.cluster node-down   # idempotent; processes, mounts, links, cgroups
 
+    python -m tests.cluster generate-crds   # deploy/crds/ from api/crds/ (tests/cluster/crdgen.py)
+
 State lives in ``$JUPYTER_SANDBOX_CACHE/run/cluster.json`` and ``run/node-cluster/``
 (outside the repo).
 """
@@ -208,6 +210,14 @@ def cmd_node_down(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_generate_crds(args: argparse.Namespace) -> int:
+    from . import crdgen
+
+    for path in crdgen.write(crdgen.kubernetes_schemas()):
+        print(path.relative_to(crdgen.REPO))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tests.cluster")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -221,6 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     nd.add_argument(
         "--all", action="store_true", help="also nodes of test runs that were killed (temp dirs)"
     )
+    sub.add_parser("generate-crds", help="deploy/crds/ from api/crds/ and Kubernetes' schemas")
     a = p.parse_args(argv)
     cmds = {
         "up": cmd_up,
@@ -228,6 +239,7 @@ def main(argv: list[str] | None = None) -> int:
         "status": cmd_status,
         "node-up": cmd_node_up,
         "node-down": cmd_node_down,
+        "generate-crds": cmd_generate_crds,
     }
     return cmds[a.cmd](a)
 

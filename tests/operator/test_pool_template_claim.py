@@ -206,6 +206,7 @@ def test_claim_adopts_warm_then_pool_refills_and_delete_cascades(kube, operator)
     assert c["status"]["sandbox"]["podIPs"]
     assert c["metadata"]["annotations"]["agents.x-k8s.io/sandbox-name"] == name
     sb = kube.get(SB, name)
+    assert "serviceFQDN" not in c["status"]["sandbox"]  # no Service yet
     (ref,) = sb["metadata"]["ownerReferences"]
     assert (ref["kind"], ref["uid"]) == ("SandboxClaim", c["metadata"]["uid"])
     assert POOL_LABEL not in sb["metadata"]["labels"]
@@ -214,6 +215,18 @@ def test_claim_adopts_warm_then_pool_refills_and_delete_cascades(kube, operator)
     assert kube.pod(name).metadata.labels["user"] == "alice"
     assert any(e.reason == "SandboxAdopted" for e in kube.events("c1"))
     assert_first_observed(c, since=started)
+
+    # the Sandbox's Service name is mirrored into the claim, as upstream does
+    kube.patch(SB, name, {"spec": {"service": True}})
+    fqdn = f"{name}.{kube.ns}.svc.cluster.local"
+    wait_for(
+        lambda: (
+            (kube.get(CLAIM, "c1").get("status") or {}).get("sandbox", {}).get("serviceFQDN")
+            == fqdn
+        ),
+        30,
+        what="serviceFQDN on the claim",
+    )
 
     # refill
     wait_for(
