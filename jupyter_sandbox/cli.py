@@ -15,6 +15,8 @@ from .kernelspec import FILES_MODES
 
 MANAGER_CLASS = "jupyter_sandbox.kernel_provisioner.manager.SandboxKernelManager"
 # Subcommands that are programs of their own, with their own options.
+# The extra of pyproject.toml each command's role needs (the rest: "jupyter").
+EXTRA_OF_COMMAND = {"operator": "kubernetes", "router": "kubernetes", "lab": "lab"}
 PASSTHROUGH = {
     "operator": "jupyter_sandbox.operator.__main__",
     "router": "jupyter_sandbox.router.__main__",
@@ -504,6 +506,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    try:
+        return _main(argv)
+    except ModuleNotFoundError as exc:
+        from .utils.extras import missing_extra_message
+
+        command = " ".join(["jupyter-sandbox", *argv[:1]])
+        role = EXTRA_OF_COMMAND.get(argv[0] if argv else "")
+        print(missing_extra_message(command, exc, role), file=sys.stderr)
+        return 2
+
+
+def _main(argv: list[str]) -> int:
     # These take their own options: argparse's REMAINDER would swallow or refuse
     # leading ``--flags`` (``jupyter-sandbox operator --leader-elect``), so hand over.
     if argv and argv[0] in PASSTHROUGH:

@@ -104,21 +104,6 @@ def debian_suite() -> str:
     return "bookworm"
 
 
-# what `python -m jupyter_sandbox.runtime` imports (the rest of the package's
-# dependencies, e.g. the 100+ MiB kubernetes client, serve the operator, router
-# and server extension, not the sandbox; JSBX_IMAGE_FULL=1 installs them all)
-RUNTIME_REQUIREMENTS = {
-    "dill",  # the kernel saves its variables with it before a suspend
-    "psutil",  # what the sandbox uses now (GET /api/usage)
-    "ipykernel",
-    "jupyter-client",
-    "tornado",
-    "pyzmq",
-    "python-multipart",
-    "traitlets",
-}
-
-
 def _req_name(spec: str) -> str:
     return re.split(r"[<>=!~\[; ]", spec, maxsplit=1)[0].lower()
 
@@ -128,11 +113,14 @@ def _full_default() -> bool:
 
 
 def pip_requirements(full: bool | None = None) -> list[str]:
-    """Requirement specifiers from pyproject.toml (versions as the project pins them)."""
+    """Requirement specifiers from pyproject.toml: the base install, which is the
+    sandbox runtime's (as deploy/docker/Dockerfile.runtime installs it); ``full``
+    adds the ``kubernetes`` extra, for the operator and the router."""
     data = tomllib.loads((REPO / "pyproject.toml").read_text())
-    reqs = data["project"]["dependencies"]
-    if not (_full_default() if full is None else full):
-        reqs = [r for r in reqs if _req_name(r) in RUNTIME_REQUIREMENTS]
+    reqs = list(data["project"]["dependencies"])
+    if _full_default() if full is None else full:
+        extra = data["project"]["optional-dependencies"]["kubernetes"]
+        reqs += [r for r in extra if _req_name(r) not in {_req_name(b) for b in reqs}]
     return sorted(reqs)
 
 

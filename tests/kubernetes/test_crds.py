@@ -3,7 +3,7 @@ newest release, and structural where it embeds Kubernetes types, so the API
 server validates, explains and merges the pod template like a Pod's.
 
 Before the generator the pod template and the NetworkPolicy rules were
-``x-kubernetes-preserve-unknown-fields``: of upstream's 2,814 field paths 2,642
+``x-kubernetes-preserve-unknown-fields``: of upstream's 2,854 field paths 2,642
 were unschematized, a typo was stored silently and server-side apply replaced
 the whole list of containers."""
 
