@@ -115,6 +115,158 @@ def service_ports(pod_spec: dict) -> list[dict]:
     return out
 
 
+def sandbox_conditions(
+    sb: dict,
+    conds: list[dict],
+    pod: dict | None,
+    owned_pod: dict | None,
+    svc: dict | None,
+    err: Exception | None,
+    pod_err: Exception | None,
+    gen: int | None,
+) -> list[dict]:
+    """The Sandbox's conditions after one reconcile, from what it found: upstream's
+    computeSuspendedCondition / computeReadyCondition family, as one pure function.
+
+    ``pod`` is the pod of the Sandbox's name whoever owns it, ``owned_pod`` the
+    same if the Sandbox controls it; ``err`` the first error of the reconcile and
+    ``pod_err`` the pod lookup's.
+    """
+    suspended = sb["spec"].get("operatingMode", "Running") == "Suspended"
+    # Suspended
+    if not suspended:
+        conds = set_condition(
+            conds, "Suspended", "False", "NotSuspended", "Sandbox is not suspended", gen
+        )
+    elif pod is None and pod_err is not None:
+        conds = set_condition(
+            conds,
+            "Suspended",
+            "Unknown",
+            "PodStateUnknown",
+            "Pod state is unknown. Sandbox suspension cannot be confirmed",
+            gen,
+        )
+    elif pod is None:
+        conds = set_condition(
+            conds,
+            "Suspended",
+            "True",
+            "PodTerminated",
+            "Pod has been terminated. Sandbox is suspended",
+            gen,
+        )
+    elif owned_pod is None:
+        conds = set_condition(
+            conds,
+            "Suspended",
+            "False",
+            "PodNotOwned",
+            "Refused to delete pod because it is not owned by this sandbox",
+            gen,
+        )
+    else:
+        conds = set_condition(
+            conds,
+            "Suspended",
+            "False",
+            "PodTerminating",
+            "Pod is terminating. Sandbox is suspending",
+            gen,
+        )
+    # Finished
+    phase = (owned_pod or {}).get("status", {}).get("phase")
+    if owned_pod is not None and phase in ("Succeeded", "Failed"):
+        reason = "PodSucceeded" if phase == "Succeeded" else "PodFailed"
+        conds = set_condition(
+            conds,
+            "Finished",
+            "True",
+            reason,
+            "Pod completed successfully" if phase == "Succeeded" else "Pod failed",
+            gen,
+        )
+    else:
+        conds = remove_condition(conds, "Finished")
+    # PodScheduled
+    if owned_pod is not None:
+        pc = next(
+            (
+                c
+                for c in (owned_pod.get("status") or {}).get("conditions") or []
+                if c.get("type") == "PodScheduled"
+            ),
+            None,
+        )
+        if pc is None:
+            conds = set_condition(
+                conds,
+                "PodScheduled",
+                "Unknown",
+                "PodSchedulingUnknown",
+                "Pod has not reported a PodScheduled condition yet",
+                gen,
+            )
+        else:
+            st = pc.get("status", "Unknown")
+            reason = pc.get("reason") or (
+                "PodScheduled" if st == "True" else "PodSchedulingUnknown"
+            )
+            conds = set_condition(conds, "PodScheduled", st, reason, pc.get("message") or "", gen)
+    elif pod is None and pod_err is not None:
+        conds = set_condition(
+            conds,
+            "PodScheduled",
+            "Unknown",
+            "PodSchedulingUnknown",
+            "Pod state is unknown. Pod scheduling cannot be determined",
+            gen,
+        )
+    else:
+        conds = remove_condition(conds, "PodScheduled")
+    # Ready
+    if err is not None:
+        reason = "ChildConflict" if isinstance(err, ChildConflict) else "ReconcilerError"
+        conds = set_condition(conds, "Ready", "False", reason, f"Error seen: {err}"[:32000], gen)
+        return conds
+    if suspended:
+        msg = "Sandbox is suspending" if pod is not None else "Sandbox is suspended"
+        return set_condition(conds, "Ready", "False", "SandboxSuspended", msg, gen)
+    if phase in ("Succeeded", "Failed"):
+        reason = "PodSucceeded" if phase == "Succeeded" else "PodFailed"
+        return set_condition(
+            conds,
+            "Ready",
+            "False",
+            reason,
+            "Pod completed successfully" if phase == "Succeeded" else "Pod failed",
+            gen,
+        )
+    ready = False
+    if owned_pod is None:
+        msg = "Pod does not exist"
+    else:
+        pst = owned_pod.get("status") or {}
+        msg = f"Pod exists with phase: {phase or ''}"
+        if phase == "Running":
+            msg = "Pod is Running but not Ready"
+            rc = next((c for c in pst.get("conditions") or [] if c.get("type") == "Ready"), None)
+            if rc is not None and rc.get("status") == "True":
+                if pst.get("podIPs"):
+                    msg, ready = "Pod is Ready", True
+                else:
+                    msg = "Pod is Ready but has no podIPs yet"
+    want = sb["spec"].get("service")
+    svc_required = want is True or (want is None and svc is not None)
+    svc_ok = True
+    if svc_required:
+        svc_ok = svc is not None
+        msg += "; Service Exists" if svc_ok else "; Service does not exist"
+    if ready and svc_ok:
+        return set_condition(conds, "Ready", "True", "DependenciesReady", msg, gen)
+    return set_condition(conds, "Ready", "False", "DependenciesNotReady", msg, gen)
+
+
 class SandboxReconciler:
     name = "sandbox"
 
@@ -180,7 +332,7 @@ class SandboxReconciler:
             later = result.requeue_after if result and result.requeue_after else 10.0
             result = Result(requeue_after=min(10.0, later))
         conds = list(status.get("conditions") or [])
-        conds = self._conditions(sb, conds, pod, owned_pod, svc, err, pod_err, gen)
+        conds = sandbox_conditions(sb, conds, pod, owned_pod, svc, err, pod_err, gen)
         status["conditions"] = conds
         await self._write_status(sb, old_status, status)
         if err is not None:
@@ -433,147 +585,6 @@ class SandboxReconciler:
         return svc
 
     # -- status ------------------------------------------------------------------
-
-    def _conditions(self, sb, conds, pod, owned_pod, svc, err, pod_err, gen) -> list[dict]:
-        suspended = sb["spec"].get("operatingMode", "Running") == "Suspended"
-        # Suspended
-        if not suspended:
-            conds = set_condition(
-                conds, "Suspended", "False", "NotSuspended", "Sandbox is not suspended", gen
-            )
-        elif pod is None and pod_err is not None:
-            conds = set_condition(
-                conds,
-                "Suspended",
-                "Unknown",
-                "PodStateUnknown",
-                "Pod state is unknown. Sandbox suspension cannot be confirmed",
-                gen,
-            )
-        elif pod is None:
-            conds = set_condition(
-                conds,
-                "Suspended",
-                "True",
-                "PodTerminated",
-                "Pod has been terminated. Sandbox is suspended",
-                gen,
-            )
-        elif owned_pod is None:
-            conds = set_condition(
-                conds,
-                "Suspended",
-                "False",
-                "PodNotOwned",
-                "Refused to delete pod because it is not owned by this sandbox",
-                gen,
-            )
-        else:
-            conds = set_condition(
-                conds,
-                "Suspended",
-                "False",
-                "PodTerminating",
-                "Pod is terminating. Sandbox is suspending",
-                gen,
-            )
-        # Finished
-        phase = (owned_pod or {}).get("status", {}).get("phase")
-        if owned_pod is not None and phase in ("Succeeded", "Failed"):
-            reason = "PodSucceeded" if phase == "Succeeded" else "PodFailed"
-            conds = set_condition(
-                conds,
-                "Finished",
-                "True",
-                reason,
-                "Pod completed successfully" if phase == "Succeeded" else "Pod failed",
-                gen,
-            )
-        else:
-            conds = remove_condition(conds, "Finished")
-        # PodScheduled
-        if owned_pod is not None:
-            pc = next(
-                (
-                    c
-                    for c in (owned_pod.get("status") or {}).get("conditions") or []
-                    if c.get("type") == "PodScheduled"
-                ),
-                None,
-            )
-            if pc is None:
-                conds = set_condition(
-                    conds,
-                    "PodScheduled",
-                    "Unknown",
-                    "PodSchedulingUnknown",
-                    "Pod has not reported a PodScheduled condition yet",
-                    gen,
-                )
-            else:
-                st = pc.get("status", "Unknown")
-                reason = pc.get("reason") or (
-                    "PodScheduled" if st == "True" else "PodSchedulingUnknown"
-                )
-                conds = set_condition(
-                    conds, "PodScheduled", st, reason, pc.get("message") or "", gen
-                )
-        elif pod is None and pod_err is not None:
-            conds = set_condition(
-                conds,
-                "PodScheduled",
-                "Unknown",
-                "PodSchedulingUnknown",
-                "Pod state is unknown. Pod scheduling cannot be determined",
-                gen,
-            )
-        else:
-            conds = remove_condition(conds, "PodScheduled")
-        # Ready
-        if err is not None:
-            reason = "ChildConflict" if isinstance(err, ChildConflict) else "ReconcilerError"
-            conds = set_condition(
-                conds, "Ready", "False", reason, f"Error seen: {err}"[:32000], gen
-            )
-            return conds
-        if suspended:
-            msg = "Sandbox is suspending" if pod is not None else "Sandbox is suspended"
-            return set_condition(conds, "Ready", "False", "SandboxSuspended", msg, gen)
-        if phase in ("Succeeded", "Failed"):
-            reason = "PodSucceeded" if phase == "Succeeded" else "PodFailed"
-            return set_condition(
-                conds,
-                "Ready",
-                "False",
-                reason,
-                "Pod completed successfully" if phase == "Succeeded" else "Pod failed",
-                gen,
-            )
-        ready = False
-        if owned_pod is None:
-            msg = "Pod does not exist"
-        else:
-            pst = owned_pod.get("status") or {}
-            msg = f"Pod exists with phase: {phase or ''}"
-            if phase == "Running":
-                msg = "Pod is Running but not Ready"
-                rc = next(
-                    (c for c in pst.get("conditions") or [] if c.get("type") == "Ready"), None
-                )
-                if rc is not None and rc.get("status") == "True":
-                    if pst.get("podIPs"):
-                        msg, ready = "Pod is Ready", True
-                    else:
-                        msg = "Pod is Ready but has no podIPs yet"
-        want = sb["spec"].get("service")
-        svc_required = want is True or (want is None and svc is not None)
-        svc_ok = True
-        if svc_required:
-            svc_ok = svc is not None
-            msg += "; Service Exists" if svc_ok else "; Service does not exist"
-        if ready and svc_ok:
-            return set_condition(conds, "Ready", "True", "DependenciesReady", msg, gen)
-        return set_condition(conds, "Ready", "False", "DependenciesNotReady", msg, gen)
 
     async def _write_status(self, sb: dict, old: dict, new: dict) -> None:
         clean = {k: v for k, v in new.items() if v not in (None, [], "")}
