@@ -432,8 +432,15 @@ class ClaimReconciler:
         if not annotations:
             await self._set_status(claim, sandbox, cond)
             return result
-        # The annotation (metadata) and the status (its own subresource) are
-        # independent merge patches: one round trip for both, not two in turn.
+        if cond[0] == "True":
+            # Whoever sees the claim Ready reads its sandbox from the annotation
+            # (upstream's SDK and e2e suite do): it must land first.
+            if not await self._annotate(claim, annotations):
+                return None
+            await self._set_status(claim, sandbox, cond)
+            return result
+        # Not Ready yet: the annotation (metadata) and the status (its own
+        # subresource) are independent merge patches, one round trip for both.
         still_there, _ = await asyncio.gather(
             self._annotate(claim, annotations), self._set_status(claim, sandbox, cond)
         )
