@@ -187,6 +187,10 @@ class ControlPlane:
     # Service's ClusterIP in its certificate, and the controller manager also runs
     # what Deployments and service-account tokens in pods need.
     pod_reachable_address: str = ""
+    # kwok Stage definitions instead of build.sh's (e.g. pods that exit), and
+    # more kube-controller-manager controllers (e.g. deployment, replicaset)
+    kwok_stages: Path | None = None
+    extra_controllers: tuple[str, ...] = ()
 
     url: str = ""
     token: str = ""
@@ -318,7 +322,8 @@ class ControlPlane:
                     "pvc-protection,pv-protection"
                     if in_cluster
                     else ""
-                ),
+                )
+                + "".join(f",{c}" for c in self.extra_controllers),
                 "--concurrent-gc-syncs=50",
                 "--kube-api-qps=200",
                 "--kube-api-burst=400",
@@ -341,7 +346,7 @@ class ControlPlane:
                 ],
             )
         if self.with_kwok and self.with_scheduler and find_binary("kwok"):
-            stages = find_binary("kwok").parent / "kwok-stages.yaml"
+            stages = self.kwok_stages or find_binary("kwok").parent / "kwok-stages.yaml"
             args = [
                 f"--kubeconfig={self.kubeconfig}",
                 "--manage-all-nodes=true",
