@@ -275,6 +275,24 @@ def wait_listening(proc: subprocess.Popen[bytes], port: int, log_path: Path, wha
             time.sleep(0.1)
 
 
+def wait_ready(
+    proc: subprocess.Popen[bytes], url: str, log_path: Path, timeout: float = 60
+) -> None:
+    """Wait until GET ``url`` answers 200 (a runtime's ``/readyz``), while ``proc`` lives."""
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        assert proc.poll() is None, log_path.read_text()
+        assert time.monotonic() < deadline, f"{url} not ready: {log_path.read_text()[-2000:]}"
+        time.sleep(0.1)
+
+
 def stop_process(proc: subprocess.Popen[bytes], grace: float = 10) -> None:
     """SIGTERM, then SIGKILL after ``grace`` seconds."""
     if proc.poll() is not None:

@@ -16,18 +16,16 @@ import json
 import os
 import shlex
 import shutil
-import socket
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
-import httpx
 import pytest
 from tornado import httpclient, websocket
 
 from jupyter_sandbox.protocol import framing
+from tests.helpers import free_port, stop_process, wait_ready
 
 REPO = Path(__file__).resolve().parents[1]
 DOCKERFILE = REPO / "deploy" / "docker" / "Dockerfile.runtime"
@@ -126,9 +124,7 @@ def test_the_runtime_image_holds_no_server_side(runtime_venv: Path) -> None:
 def test_the_image_command_serves_a_kernel_that_runs_a_cell(
     runtime_venv: Path, tmp_path: Path
 ) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     cmd = final_cmd(DOCKERFILE)
     assert cmd[:3] == ["python", "-m", "jupyter_sandbox.runtime"], cmd
     args = cmd[3:]
@@ -149,24 +145,10 @@ def test_the_image_command_serves_a_kernel_that_runs_a_cell(
         start_new_session=True,
     )
     try:
-        deadline = time.monotonic() + 90
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert proc.poll() is None, log.read_text()
-            assert time.monotonic() < deadline, log.read_text()
-            time.sleep(0.2)
+        wait_ready(proc, f"http://127.0.0.1:{port}/readyz", log, timeout=90)
         assert asyncio.run(run_cell(port, "print(6 * 7)")) == "42\n"
     finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+        stop_process(proc, grace=15)
 
 
 async def run_cell(port: int, code: str) -> str:

@@ -267,14 +267,13 @@ def crd_schemas(text: str) -> dict[str, dict]:
     return out
 
 
-def field_paths(schema: dict, prefix: str = "") -> set[str]:
-    """Every field path a schema describes: ``a.b`` a property, ``a[]`` a list's
-    items, ``a{}`` a map's values."""
-    paths: set[str] = set()
+def schema_nodes(schema: dict) -> dict[str, dict]:
+    """Every node of a schema by field path: ``a.b`` a property, ``a[]`` a list's
+    items, ``a{}`` a map's values, ``""`` the root."""
+    nodes: dict[str, dict] = {}
 
     def visit(node: dict, path: str) -> None:
-        if path:
-            paths.add(path)
+        nodes[path] = node
         for name, sub in (node.get("properties") or {}).items():
             visit(sub, f"{path}.{name}" if path else name)
         if isinstance(node.get("items"), dict):
@@ -282,27 +281,22 @@ def field_paths(schema: dict, prefix: str = "") -> set[str]:
         if isinstance(node.get("additionalProperties"), dict):
             visit(node["additionalProperties"], f"{path}{{}}")
 
-    visit(schema, prefix)
-    return paths
+    visit(schema, "")
+    return nodes
 
 
-def unschematized_roots(schema: dict, prefix: str = "") -> list[str]:
+def field_paths(schema: dict) -> set[str]:
+    """Every field path a schema describes."""
+    return {path for path in schema_nodes(schema) if path}
+
+
+def unschematized_roots(schema: dict) -> list[str]:
     """Paths whose content is kept without a schema (preserve-unknown-fields, no properties)."""
-    roots = []
-
-    def visit(node: dict, path: str) -> None:
-        if node.get("x-kubernetes-preserve-unknown-fields") and not node.get("properties"):
-            roots.append(path or "<root>")
-            return
-        for name, sub in (node.get("properties") or {}).items():
-            visit(sub, f"{path}.{name}" if path else name)
-        if isinstance(node.get("items"), dict):
-            visit(node["items"], f"{path}[]")
-        if isinstance(node.get("additionalProperties"), dict):
-            visit(node["additionalProperties"], f"{path}{{}}")
-
-    visit(schema, prefix)
-    return roots
+    return [
+        path or "<root>"
+        for path, node in schema_nodes(schema).items()
+        if node.get("x-kubernetes-preserve-unknown-fields") and not node.get("properties")
+    ]
 
 
 def compare(ours: dict, theirs: dict) -> dict[str, Any]:

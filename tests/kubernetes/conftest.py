@@ -10,15 +10,14 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
+from tests.helpers import stop_process, wait_ready
 from tests.operator.conftest import (  # noqa: F401 - fixtures are used by name
     CLAIM,
     POOL,
@@ -70,24 +69,10 @@ def runtime_on_loopback(tmp_path: Path) -> Iterator[int]:
         start_new_session=True,
     )
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert proc.poll() is None, (tmp_path / "runtime.log").read_text()
-            assert time.monotonic() < deadline, "runtime not ready"
-            time.sleep(0.1)
+        wait_ready(proc, f"http://127.0.0.1:{port}/readyz", tmp_path / "runtime.log")
         yield port
     finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+        stop_process(proc, grace=15)
         log.close()
 
 

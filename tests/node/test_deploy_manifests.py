@@ -58,7 +58,9 @@ def _override_images(doc: dict, images: dict[str, str]) -> dict:
 
     def walk(o):
         if isinstance(o, dict):
-            for c in o.get("containers", []) + o.get("initContainers", []):
+            # pod specs only: in the CRDs' schemas "containers" is a schema (a dict)
+            lists = [o.get(k) for k in ("containers", "initContainers")]
+            for c in [c for cs in lists if isinstance(cs, list) for c in cs]:
                 if isinstance(c, dict) and "image" in c:
                     name = c["image"].rsplit(":", 1)[0]
                     if name in images:
