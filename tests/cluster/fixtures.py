@@ -74,14 +74,14 @@ def crd_documents() -> list[dict]:
     return docs
 
 
-def install_crds(api_client, timeout: float = 60) -> None:
-    """Create or update our CRDs and wait until each is Established."""
+def install_crds(api_client, timeout: float = 60, documents: list[dict] | None = None) -> None:
+    """Create or update our CRDs (or ``documents``) and wait until each is Established."""
     from kubernetes import client
     from kubernetes.client.rest import ApiException
 
     ext = client.ApiextensionsV1Api(api_client)
     names = []
-    for doc in crd_documents():
+    for doc in documents if documents is not None else crd_documents():
         name = doc["metadata"]["name"]
         names.append(name)
         try:

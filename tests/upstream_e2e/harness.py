@@ -37,7 +37,8 @@ import yaml
 
 from tests.cluster import crdgen
 from tests.cluster.controlplane import ControlPlane, cache_root, find_binary
-from tests.cluster.fixtures import crd_documents
+from tests.cluster.fixtures import crd_documents, install_crds
+from tests.helpers import stop_process
 
 REPO = Path(__file__).resolve().parents[2]
 VERSION = crdgen.UPSTREAM_VERSION
@@ -200,25 +201,6 @@ def _apply(cp: ControlPlane, docs: list[dict]) -> None:
             utils.create_from_dict(api, doc)
 
 
-def _wait_crds(cp: ControlPlane, names: list[str], timeout: float = 60) -> None:
-    from kubernetes import client, config
-
-    cfg = client.Configuration()
-    config.load_kube_config(config_file=str(cp.kubeconfig), client_configuration=cfg)
-    with client.ApiClient(cfg) as api:
-        ext = client.ApiextensionsV1Api(api)
-        deadline = time.monotonic() + timeout
-        for name in names:
-            while True:
-                crd = ext.read_custom_resource_definition(name)
-                conds = {c.type: c.status for c in (crd.status.conditions or [])}
-                if conds.get("Established") == "True":
-                    break
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"CRD {name} not Established")
-                time.sleep(0.1)
-
-
 def _harness_objects() -> list[dict]:
     ns = "agent-sandbox-system"
     labels = {"app": "agent-sandbox-controller"}
@@ -277,8 +259,12 @@ def cluster_with(controller: str, workdir: Path) -> Iterator[ControlPlane]:
             crds = []
             for f in sorted(crdgen.upstream_crd_dir(VERSION).glob("*.yaml")):
                 crds += [d for d in yaml.safe_load_all(f.read_text()) if d]
-        _apply(cp, crds)
-        _wait_crds(cp, [d["metadata"]["name"] for d in crds])
+        from kubernetes import client, config
+
+        cfg = client.Configuration()
+        config.load_kube_config(config_file=str(cp.kubeconfig), client_configuration=cfg)
+        with client.ApiClient(cfg) as api:
+            install_crds(api, documents=crds)
         _apply(cp, _harness_objects())
         log_file = open(workdir / f"{controller}-controller.log", "wb")
         if controller == "ours":
@@ -311,12 +297,8 @@ def cluster_with(controller: str, workdir: Path) -> Iterator[ControlPlane]:
             )
         yield cp
     finally:
-        if proc is not None and proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        if proc is not None:
+            stop_process(proc, grace=15)
         cp.stop()
 
 
