@@ -108,8 +108,10 @@ class ConnectionSettings:
     :data:`TOKEN_RECHECK_SECONDS`, in a thread, or at once after a 401.
     """
 
-    def __init__(self, configuration: Any) -> None:
+    def __init__(self, configuration: Any, namespace: str = "default") -> None:
         self.configuration = configuration
+        # the namespace of the kubeconfig context or of the pod's service account
+        self.namespace = namespace
         self.server: str = str(configuration.host).rstrip("/")
         self.ssl: ssl.SSLContext | bool = _ssl_context(configuration) if self.tls else True
         self.server_hostname: str | None = getattr(configuration, "tls_server_name", None) or None

@@ -41,9 +41,11 @@ from ..agent_sandbox import (
     WARM_POOL_LABEL,
     name_hash,
 )
+from ..kube.client import POD, PVC, ApiError
+from ..kube.informer import Key
+from ..kube.times import parse_time, rfc3339_nano
 from . import user_volume
-from .core import Key, Result, parse_time, rfc3339_nano
-from .kube import POD, PVC, ApiError
+from .core import Result
 from .user_volume import UserVolumeError, user_volume_of
 from .util import (
     FIELD_MANAGER,

@@ -11,25 +11,22 @@ per-key exponential backoff.
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import logging
 import random
 import time
 import uuid
-from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from ..agent_sandbox import Resource
-from .kube import EVENT, LEASE, ApiError, Client, sleep_or_stop
+from ..kube.client import EVENT, LEASE, ApiError, Client, sleep_or_stop
+from ..kube.informer import Key
+from ..kube.times import micro_now, now_rfc3339, parse_time
 
 log = logging.getLogger("jupyter_sandbox.operator")
 
-Key = tuple[str, str]  # (namespace, name)
-MAX_TOMBSTONES = 10_000
 
 RECONCILE_TOTAL = Counter(
     "jupyter_sandbox_operator_reconcile_total",
@@ -46,232 +43,7 @@ QUEUE_DEPTH = Gauge("jupyter_sandbox_operator_workqueue_depth", "Keys waiting", 
 QUEUE_RETRIES = Counter(
     "jupyter_sandbox_operator_workqueue_retries_total", "Rate-limited requeues", ["controller"]
 )
-WATCH_RESTARTS = Counter(
-    "jupyter_sandbox_operator_watch_restarts_total", "Watch (re)starts", ["resource"]
-)
 IS_LEADER = Gauge("jupyter_sandbox_operator_leader", "1 while this replica holds the Lease")
-
-
-def _rv(obj: dict) -> int:
-    try:
-        return int(obj["metadata"]["resourceVersion"])
-    except (KeyError, ValueError):
-        return 0
-
-
-def key_of(obj: dict) -> Key:
-    md = obj["metadata"]
-    return md.get("namespace", ""), md["name"]
-
-
-def now_rfc3339() -> str:
-    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def micro_now() -> str:
-    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def rfc3339_nano(ns: int) -> str:
-    """Go's ``time.RFC3339Nano`` in UTC: nanoseconds, trailing zeros trimmed."""
-    seconds, fraction = divmod(ns, 1_000_000_000)
-    digits = f"{fraction:09d}".rstrip("0")
-    base = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds))
-    return f"{base}.{digits}Z" if digits else f"{base}Z"
-
-
-def parse_time(s: str | None) -> float | None:
-    if not s:
-        return None
-    return dt.datetime.fromisoformat(s.replace("Z", "+00:00")).timestamp()
-
-
-# --------------------------------------------------------------------------- informer
-
-Handler = Callable[[dict | None, dict | None], None]  # (old, new); new None = deleted
-
-
-class Informer:
-    """List+watch cache of one resource type, with indexers and event handlers."""
-
-    def __init__(
-        self,
-        client: Client,
-        res: Resource,
-        namespace: str | None = None,
-        label_selector: str | None = None,
-        indexers: dict[str, Callable[[dict], Iterable[str]]] | None = None,
-    ) -> None:
-        self.client = client
-        self.res = res
-        self.namespace = namespace
-        self.label_selector = label_selector
-        self.store: dict[Key, dict] = {}
-        self.handlers: list[Handler] = []
-        self.indexers = indexers or {}
-        self.indices: dict[str, dict[str, set[Key]]] = {n: {} for n in self.indexers}
-        # Keys deleted lately, with the resourceVersion they were gone at: the answer
-        # to one of our own writes that arrives after the delete must not bring the
-        # object back into the cache (a zombie the reconcilers would act on).
-        self._tombstones: OrderedDict[Key, int] = OrderedDict()
-        self.synced = asyncio.Event()
-
-    def add_handler(self, h: Handler) -> None:
-        self.handlers.append(h)
-
-    def get(self, namespace: str, name: str) -> dict | None:
-        return self.store.get((namespace, name))
-
-    def by_index(self, index: str, value: str) -> list[dict]:
-        return [self.store[k] for k in self.indices[index].get(value, ()) if k in self.store]
-
-    def items(self) -> list[dict]:
-        return list(self.store.values())
-
-    def _index(self, k: Key, old: dict | None, new: dict | None) -> None:
-        for name, fn in self.indexers.items():
-            idx = self.indices[name]
-            if old is not None:
-                for v in fn(old):
-                    s = idx.get(v)
-                    if s:
-                        s.discard(k)
-                        if not s:
-                            del idx[v]
-            if new is not None:
-                for v in fn(new):
-                    idx.setdefault(v, set()).add(k)
-
-    def _apply(self, etype: str, obj: dict, *, gone_at: int | None = None) -> None:
-        k = key_of(obj)
-        old = self.store.get(k)
-        if etype == "DELETED":
-            self.store.pop(k, None)
-            self._bury(k, _rv(obj) if gone_at is None else gone_at)
-            self._index(k, old, None)
-            new = None
-            if old is None:
-                old = obj
-        else:
-            # our own writes are put into the cache at once (upsert_local); a watch
-            # event older than what we hold must not roll the cache back
-            if old is not None and _rv(old) > _rv(obj):
-                return
-            self._tombstones.pop(k, None)
-            self.store[k] = obj
-            self._index(k, old, obj)
-            new = obj
-        for h in self.handlers:
-            try:
-                h(old, new)
-            except Exception:  # pragma: no cover - handler bugs must not kill the watch
-                log.exception("informer handler failed", extra={"resource": self.res.plural})
-
-    def upsert_local(self, obj: dict) -> None:
-        """Write-through after our own successful write (read-your-writes for reconcilers)."""
-        k = key_of(obj)
-        old = self.store.get(k)
-        if old is not None and _rv(old) >= _rv(obj):
-            return
-        if old is None and self._tombstones.get(k, -1) >= _rv(obj):
-            return  # deleted since we wrote it
-        self._apply("MODIFIED", obj)
-
-    def _bury(self, k: Key, rv: int) -> None:
-        self._tombstones[k] = max(rv, self._tombstones.get(k, rv))
-        self._tombstones.move_to_end(k)
-        while len(self._tombstones) > MAX_TOMBSTONES:
-            self._tombstones.popitem(last=False)
-
-    async def patch_status(self, obj: dict, status: dict) -> None:
-        """Merge-patch ``obj``'s status subresource and cache the result; an object
-        deleted meanwhile needs no status."""
-        try:
-            updated = await self.client.patch(
-                self.res,
-                obj["metadata"]["namespace"],
-                obj["metadata"]["name"],
-                {"status": status},
-                sub="status",
-            )
-        except ApiError as e:
-            if not e.not_found:
-                raise
-            return
-        self.upsert_local(updated)
-
-    async def run(self, stop: asyncio.Event) -> None:
-        backoff = 0.2
-        while not stop.is_set():
-            try:
-                rv = await self._relist()
-                self.synced.set()
-                while not stop.is_set():
-                    WATCH_RESTARTS.labels(self.res.plural).inc()
-                    async for ev in self.client.watch(
-                        self.res, self.namespace, rv, self.label_selector
-                    ):
-                        et = ev.get("type")
-                        obj = ev.get("object", {})
-                        if et == "ERROR":
-                            if obj.get("code") == 410:
-                                raise ApiError(410, obj, "WATCH", self.res.plural)
-                            raise ApiError(
-                                int(obj.get("code") or 500), obj, "WATCH", self.res.plural
-                            )
-                        backoff = 0.2  # the watch works: the next failure starts over
-                        rv = obj.get("metadata", {}).get("resourceVersion", rv)
-                        if et == "BOOKMARK":
-                            continue
-                        self._apply(str(et), obj)
-                        if stop.is_set():
-                            break
-                    backoff = 0.2  # ended cleanly (server-side timeout)
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:  # API error or network trouble: relist after a pause
-                if isinstance(e, ApiError) and e.gone:
-                    continue  # resourceVersion too old: relist at once
-                # a LIST that works with a WATCH that keeps failing (429 while the API
-                # server initialises, 5xx, 403) must back off too, not relist in a loop
-                err = str(e) if isinstance(e, ApiError) else repr(e)
-                log.warning("watch failed", extra={"resource": self.res.plural, "error": err})
-                if await sleep_or_stop(stop, backoff):
-                    return
-                backoff = min(backoff * 2, 10)
-
-    async def _relist(self) -> str:
-        items: list[dict] = []
-        cont = None
-        while True:
-            page = await self.client.list(
-                self.res,
-                self.namespace,
-                limit=500,
-                labelSelector=self.label_selector,
-                **({"continue": cont} if cont else {}),
-            )
-            kind = self.res.kind
-            for it in page.get("items", []):
-                it.setdefault("kind", kind)
-                it.setdefault("apiVersion", self.res.api_version)
-                items.append(it)
-            cont = page.get("metadata", {}).get("continue")
-            if not cont:
-                rv = page["metadata"]["resourceVersion"]
-                break
-        fresh = {key_of(o): o for o in items}
-        for k in list(self.store):
-            if k not in fresh:
-                # gone at the latest by the list's version; the cached copy is older
-                self._apply("DELETED", self.store[k], gone_at=int(rv))
-        for k, o in fresh.items():
-            old = self.store.get(k)
-            if old is None or old["metadata"].get("resourceVersion") != o["metadata"].get(
-                "resourceVersion"
-            ):
-                self._apply("MODIFIED" if old else "ADDED", o)
-        return rv
 
 
 # --------------------------------------------------------------------------- work queue

@@ -21,10 +21,11 @@ from ..agent_sandbox import (
     WARM_POOL_LABEL,
     WARMPOOL,
 )
+from ..kube.client import NETPOL, POD, PVC, SERVICE, Client, load_config
+from ..kube.informer import Informer, key_of
 from ..kubernetes_credentials import ConnectionSettings
 from .claim import ClaimReconciler
-from .core import Controller, EventRecorder, Informer, LeaderElector, key_of
-from .kube import NETPOL, POD, PVC, SERVICE, Client, load_config
+from .core import Controller, EventRecorder, LeaderElector
 from .sandbox import SandboxReconciler
 from .template import TemplateReconciler
 from .util import controller_of, group_of

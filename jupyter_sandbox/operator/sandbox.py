@@ -25,8 +25,10 @@ from ..agent_sandbox import (
     WARM_POOL_LABEL,
     name_hash,
 )
-from .core import Key, Result, parse_time
-from .kube import POD, PVC, SERVICE, ApiError
+from ..kube.client import POD, PVC, SERVICE, ApiError
+from ..kube.informer import Key
+from ..kube.times import parse_time
+from .core import Result
 from .util import (
     FIELD_MANAGER,
     condition_true,

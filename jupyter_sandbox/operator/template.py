@@ -14,8 +14,9 @@ import copy
 from typing import TYPE_CHECKING
 
 from ..agent_sandbox import TEMPLATE, TEMPLATE_REF_HASH_LABEL, name_hash
-from .core import Key, Result
-from .kube import NETPOL, ApiError
+from ..kube.client import NETPOL, ApiError
+from ..kube.informer import Key
+from .core import Result
 from .util import FIELD_MANAGER, controller_ref, deleting, is_controlled_by, set_condition
 
 if TYPE_CHECKING:

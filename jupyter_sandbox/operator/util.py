@@ -10,7 +10,7 @@ import json
 from typing import Any
 
 from ..agent_sandbox import name_hash
-from .core import now_rfc3339
+from ..kube.times import now_rfc3339
 
 FIELD_MANAGER = "jupyter-sandbox-operator"
 

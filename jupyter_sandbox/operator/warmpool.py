@@ -27,8 +27,9 @@ from ..agent_sandbox import (
     WARM_POOL_LABEL,
     name_hash,
 )
-from .core import Key, Result
-from .kube import ApiError
+from ..kube.client import ApiError
+from ..kube.informer import Key
+from .core import Result
 from .util import (
     FIELD_MANAGER,
     blueprint_hash,

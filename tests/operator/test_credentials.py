@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from jupyter_sandbox.operator.kube import POD, Client, load_config
+from jupyter_sandbox.kube.client import POD, Client, load_config
 
 from .conftest import REPO
 
@@ -150,7 +150,7 @@ def test_a_client_certificate_given_as_data_logs_the_operator_in(kube_cluster, k
 def test_a_wrong_token_is_refused_not_retried_forever(kube_cluster, kube, tmp_path):
     cluster, _ = _cluster(kube_cluster.kubeconfig)
     kubeconfig = _write_kubeconfig(tmp_path / "kubeconfig", cluster, {"token": "not-a-token"})
-    from jupyter_sandbox.operator.kube import ApiError
+    from jupyter_sandbox.kube.client import ApiError
 
     with pytest.raises(ApiError) as err:
         _list_pods(kubeconfig, kube.ns)

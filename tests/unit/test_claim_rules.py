@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from jupyter_sandbox.kube.times import rfc3339_nano
 from jupyter_sandbox.operator.claim import ClaimRejected, validate_claim
-from jupyter_sandbox.operator.core import rfc3339_nano
 
 
 def _vct(name: str | None) -> dict:

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from jupyter_sandbox.agent_sandbox import SANDBOX
-from jupyter_sandbox.operator.core import Informer
-from jupyter_sandbox.operator.kube import ApiError
+from jupyter_sandbox.kube.client import ApiError
+from jupyter_sandbox.kube.informer import Informer
 
 
 class FlakyWatchClient:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from jupyter_sandbox.agent_sandbox import SANDBOX
-from jupyter_sandbox.operator.core import Informer
+from jupyter_sandbox.kube.informer import Informer
 
 
 def sandbox(rv: int, uid: str = "u1") -> dict[str, Any]:

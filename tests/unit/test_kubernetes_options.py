@@ -51,7 +51,7 @@ def test_strings_from_json_or_config_become_typed_values(
         ({"port": 70000}, "port must be an integer from 1 to 65535"),
         ({"port": 8.5}, "port must be an integer"),
         ({"port": True}, "port must be an integer"),
-        ({"max_threads": 0}, "max_threads must be an integer of at least 1"),
+        ({"max_connections": 1}, "max_connections must be an integer of at least 4"),
         ({"request_timeout": "-1"}, "request_timeout must be a number"),
         ({"save_state": "maybe"}, "save_state must be true or false, not 'maybe'"),
         ({"in_cluster": 2}, "in_cluster must be true or false"),

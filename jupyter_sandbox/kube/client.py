@@ -1,10 +1,16 @@
 """A small asyncio Kubernetes REST client working on plain dicts.
 
-Only what the operator needs: kubeconfig / in-cluster config, get / list /
-watch / create / update / patch (merge, JSON, server-side apply) / delete, with
-precise control of resourceVersion preconditions and watch bookmarks.  Objects
-stay JSON dicts end to end (no model (de)serialisation), which keeps the
-informer caches cheap.
+What the operator, the router and the backend need: get / list / watch /
+create / update / patch (merge, JSON, strategic, server-side apply) / delete,
+with precise control of resourceVersion preconditions and watch bookmarks.
+Objects stay JSON dicts end to end (no model (de)serialisation), which keeps
+the informer caches cheap.  The ``kubernetes`` package is used for what it does
+best, loading credentials (``jupyter_sandbox.kubernetes_credentials``: exec
+plugins, OIDC, in-cluster tokens); its synchronous REST client is not, because
+watches would each pin a thread.
+
+Failures are one of two exceptions: ``ApiError`` for an answer from the API
+server (with its Status), ``Unreachable`` for no answer at all.
 """
 
 from __future__ import annotations
@@ -22,20 +28,28 @@ from ..agent_sandbox import Resource
 from ..kubernetes_credentials import ConnectionSettings
 
 
+class Unreachable(Exception):
+    """No answer from the API server (connection refused, DNS, TLS, timeout)."""
+
+
 class ApiError(Exception):
-    """Non-2xx answer from the API server."""
+    """Non-2xx answer from the API server, with its Status body."""
 
     def __init__(self, status: int, body: dict | str, method: str = "", path: str = "") -> None:
         self.status = status
         self.body = body if isinstance(body, dict) else {"message": str(body)}
-        self.reason = self.body.get("reason", "")
-        super().__init__(
-            f"{method} {path}: {status} {self.reason} {self.body.get('message', '')}".strip()
-        )
+        self.reason = str(self.body.get("reason", ""))
+        self.message = str(self.body.get("message", "")) or f"HTTP {status}"
+        super().__init__(f"{method} {path}: {status} {self.reason} {self.message}".strip())
 
     @property
     def not_found(self) -> bool:
         return self.status == 404
+
+    @property
+    def resource_missing(self) -> bool:
+        """404 for the resource type itself (CRD not installed), not for one object."""
+        return self.status == 404 and not self.body.get("details")
 
     @property
     def conflict(self) -> bool:
@@ -58,14 +72,16 @@ NETPOL = Resource("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy")
 LEASE = Resource("coordination.k8s.io", "v1", "leases", "Lease")
 
 
-def load_config(kubeconfig: str | None = None, context: str | None = None) -> ConnectionSettings:
+def load_config(
+    kubeconfig: str | None = None, context: str | None = None, in_cluster: bool | None = None
+) -> ConnectionSettings:
     """kubeconfig (explicit, $KUBECONFIG, ~/.kube/config) or in-cluster service account.
 
     Blocking (an exec credential plugin may run): call before the event loop's
-    work starts, or from a thread.
+    work starts, or from a thread.  Raises ``CredentialsError`` with the reason.
     """
-    loaded = credentials.load(kubeconfig=kubeconfig, context=context)
-    return ConnectionSettings(loaded.configuration)
+    loaded = credentials.load(kubeconfig=kubeconfig, context=context, in_cluster=in_cluster)
+    return ConnectionSettings(loaded.configuration, namespace=loaded.namespace)
 
 
 class Client:
@@ -76,8 +92,11 @@ class Client:
         config: ConnectionSettings,
         max_connections: int = 64,
         user_agent: str = "jupyter-sandbox-operator",
+        request_timeout: float = 30,
     ) -> None:
+        """``max_connections`` bounds the open connections, watches included."""
         self.config = config
+        self.request_timeout = request_timeout
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=max_connections, ssl=config.ssl),
             headers={"User-Agent": user_agent},
@@ -112,7 +131,7 @@ class Client:
         body: Any = None,
         params: dict[str, Any] | None = None,
         content_type: str = "application/json",
-        timeout: float = 30,
+        timeout: float | None = None,
     ) -> dict:
         url = self.config.server + path
         if params:
@@ -121,28 +140,32 @@ class Client:
             None if body is None else (body if isinstance(body, (bytes, str)) else json.dumps(body))
         )
         for attempt in (1, 2):
-            async with self._session.request(
-                method,
-                url,
-                data=data,
-                headers=await self._headers(
-                    content_type if data is not None else None, fresh_token=attempt == 2
-                ),
-                timeout=aiohttp.ClientTimeout(total=timeout),
-                **self._connection_options(),
-            ) as r:
-                raw = await r.read()
-                try:
-                    payload = json.loads(raw) if raw else {}
-                except ValueError:
-                    payload = {"message": raw.decode(errors="replace")}
-                # A 401 may mean the token rotated or expired since it was read:
-                # ask the credentials once more before giving up.
-                if r.status == 401 and attempt == 1:
-                    continue
-                if r.status >= 400:
-                    raise ApiError(r.status, payload, method, path)
-                return payload
+            try:
+                async with self._session.request(
+                    method,
+                    url,
+                    data=data,
+                    headers=await self._headers(
+                        content_type if data is not None else None, fresh_token=attempt == 2
+                    ),
+                    timeout=aiohttp.ClientTimeout(total=timeout or self.request_timeout),
+                    **self._connection_options(),
+                ) as r:
+                    raw = await r.read()
+                    status = r.status
+            except NETWORK_ERRORS as exc:
+                raise Unreachable(f"{method} {path}: {_describe(exc)}") from None
+            try:
+                payload = json.loads(raw) if raw else {}
+            except ValueError:
+                payload = {"message": raw.decode(errors="replace")}
+            # A 401 may mean the token rotated or expired since it was read:
+            # ask the credentials once more before giving up.
+            if status == 401 and attempt == 1:
+                continue
+            if status >= 400:
+                raise ApiError(status, payload, method, path)
+            return payload
         raise AssertionError("unreachable")
 
     # -- verbs -----------------------------------------------------------------
@@ -219,45 +242,59 @@ class Client:
         resource_version: str,
         label_selector: str | None = None,
         timeout_seconds: int = 300,
+        *,
+        field_selector: str | None = None,
     ) -> AsyncIterator[dict]:
         """Yield watch events ({type, object}) until the server closes the stream."""
         params = {
-            "watch": "true",
             "resourceVersion": resource_version,
-            "allowWatchBookmarks": "true",
             "timeoutSeconds": str(timeout_seconds),
             "labelSelector": label_selector,
+            "fieldSelector": field_selector,
         }
-        url = (
-            self.config.server
-            + res.path(namespace)
-            + "?"
-            + urlencode({k: v for k, v in params.items() if v})
-        )
-        async with self._session.get(
-            url,
-            headers=await self._headers(),
-            timeout=aiohttp.ClientTimeout(
-                total=None, sock_connect=30, sock_read=timeout_seconds + 30
-            ),
-            **self._connection_options(),
-        ) as r:
-            if r.status == 401:
-                await self.config.authorization(force=True)
-            if r.status >= 400:
-                raw = await r.read()
-                try:
-                    payload = json.loads(raw)
-                except ValueError:
-                    payload = {"message": raw.decode(errors="replace")}
-                raise ApiError(r.status, payload, "WATCH", res.path(namespace))
-            buf = b""
-            async for chunk in r.content.iter_any():
-                buf += chunk
-                while b"\n" in buf:
-                    line, buf = buf.split(b"\n", 1)
-                    if line.strip():
-                        yield json.loads(line)
+        async for event in self.watch_path(res.path(namespace), params, timeout_seconds):
+            yield event
+
+    async def watch_path(
+        self, path: str, params: dict[str, str | None], timeout_seconds: int = 300
+    ) -> AsyncIterator[dict]:
+        """``watch`` for any collection path (with bookmarks)."""
+        query = {"watch": "true", "allowWatchBookmarks": "true", **params}
+        url = self.config.server + path + "?" + urlencode({k: v for k, v in query.items() if v})
+        try:
+            async with self._session.get(
+                url,
+                headers=await self._headers(),
+                timeout=aiohttp.ClientTimeout(
+                    total=None, sock_connect=30, sock_read=timeout_seconds + 30
+                ),
+                **self._connection_options(),
+            ) as r:
+                if r.status == 401:
+                    await self.config.authorization(force=True)
+                if r.status >= 400:
+                    raw = await r.read()
+                    try:
+                        payload = json.loads(raw)
+                    except ValueError:
+                        payload = {"message": raw.decode(errors="replace")}
+                    raise ApiError(r.status, payload, "WATCH", path)
+                buf = b""
+                async for chunk in r.content.iter_any():
+                    buf += chunk
+                    while b"\n" in buf:
+                        line, buf = buf.split(b"\n", 1)
+                        if line.strip():
+                            yield json.loads(line)
+        except NETWORK_ERRORS as exc:
+            raise Unreachable(f"WATCH {path}: {_describe(exc)}") from None
+
+
+NETWORK_ERRORS = (aiohttp.ClientError, OSError, TimeoutError)
+
+
+def _describe(exc: BaseException) -> str:
+    return str(exc) or type(exc).__name__
 
 
 async def sleep_or_stop(stop: asyncio.Event, seconds: float) -> bool:
