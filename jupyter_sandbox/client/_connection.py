@@ -20,6 +20,7 @@ import subprocess
 import time
 from typing import Any
 
+from ..agent_sandbox import Resource
 from ..control_plane.base import ClaimStatus, ControlPlane, Endpoint
 from .exceptions import SandboxNotReadyError, SandboxPortForwardError
 from .models import (
@@ -31,6 +32,7 @@ from .models import (
     SandboxLocalTunnelConnectionConfig,
 )
 
+GATEWAY = Resource("gateway.networking.k8s.io", "v1", "gateways", "Gateway")
 log = logging.getLogger(__name__)
 
 DEFAULT_RUNTIME_PORT = 8888
@@ -80,7 +82,7 @@ class Connector:
                 return self.config.api_url.rstrip("/")
             if isinstance(self.config, SandboxGatewayConnectionConfig):
                 if self._base_url is None:
-                    address = await asyncio.to_thread(self._gateway_address)
+                    address = await self._gateway_address()
                     self._base_url = f"http://{_host(address)}"
                 return self._base_url
             if isinstance(self.config, SandboxLocalTunnelConnectionConfig):
@@ -89,39 +91,41 @@ class Connector:
 
     # -- Gateway API ---------------------------------------------------------
 
-    def _gateway_address(self) -> str:
-        from kubernetes import client, config, watch
+    async def _gateway_address(self) -> str:
+        """The first address in the Gateway's status, watched until it has one."""
+        from ..kube.client import Client, load_config
+        from ..kube.informer import Informer
 
         assert isinstance(self.config, SandboxGatewayConnectionConfig)
         cfg = self.config
-        api_config = client.Configuration()
-        kubeconfig = self.backend_options.get("kubeconfig")
-        try:
-            config.load_incluster_config(client_configuration=api_config)
-        except config.ConfigException:
-            config.load_kube_config(config_file=kubeconfig, client_configuration=api_config)
-        with client.ApiClient(api_config) as api:
-            objects = client.CustomObjectsApi(api)
-            deadline = time.monotonic() + cfg.gateway_ready_timeout
-            while time.monotonic() < deadline:
-                stream = watch.Watch().stream(
-                    objects.list_namespaced_custom_object,
-                    "gateway.networking.k8s.io",
-                    "v1",
-                    cfg.gateway_namespace,
-                    "gateways",
-                    field_selector=f"metadata.name={cfg.gateway_name}",
-                    timeout_seconds=max(1, int(deadline - time.monotonic())),
-                )
-                for event in stream:
-                    status = (event.get("object") or {}).get("status") or {}
-                    for address in status.get("addresses") or []:
-                        if address.get("value"):
-                            return str(address["value"])
-        raise SandboxNotReadyError(
-            f"Gateway {cfg.gateway_namespace}/{cfg.gateway_name} has no address "
-            f"after {cfg.gateway_ready_timeout}s"
+        settings = await asyncio.to_thread(
+            load_config, self.backend_options.get("kubeconfig"), self.backend_options.get("context")
         )
+        client = Client(settings, user_agent="jupyter-sandbox-sdk")
+        gateways = Informer(
+            client,
+            GATEWAY,
+            cfg.gateway_namespace,
+            field_selector=f"metadata.name={cfg.gateway_name}",
+        )
+
+        def address() -> str | None:
+            gateway = gateways.get(cfg.gateway_namespace, cfg.gateway_name) or {}
+            for entry in (gateway.get("status") or {}).get("addresses") or []:
+                if entry.get("value"):
+                    return str(entry["value"])
+            return None
+
+        try:
+            async with gateways.running():
+                return await gateways.wait_until(address, cfg.gateway_ready_timeout)
+        except TimeoutError:
+            raise SandboxNotReadyError(
+                f"Gateway {cfg.gateway_namespace}/{cfg.gateway_name} has no address "
+                f"after {cfg.gateway_ready_timeout}s"
+            ) from None
+        finally:
+            await client.close()
 
     # -- kubectl port-forward ----------------------------------------------------
 

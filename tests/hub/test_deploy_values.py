@@ -149,9 +149,9 @@ def test_admission_policy_limits_sandbox_patches(kube_cluster: Any, tmp_path: Pa
     resume); the admission policy of rbac.yaml keeps that to spec.operatingMode
     and the resumed-at annotation, so no user can re-point or relabel a Sandbox
     of another user. Tested as that service account on the real API server."""
-    from kubernetes import client
+    from kubernetes import client, config
 
-    from jupyter_sandbox.control_plane.kubernetes import client as kc
+    from jupyter_sandbox.agent_sandbox import SANDBOX
 
     api = kube_cluster.api_client()
     core = client.CoreV1Api(api)
@@ -164,7 +164,7 @@ def test_admission_policy_limits_sandbox_patches(kube_cluster: Any, tmp_path: Pa
         adm.create_validating_admission_policy(admission[0])
         adm.create_validating_admission_policy_binding(admission[1])
         co = client.CustomObjectsApi(api)
-        group, version, plural = kc.SANDBOX
+        group, version, plural = SANDBOX.gvp
         for name in ("bobs", "probe"):
             co.create_namespaced_custom_object(
                 group,
@@ -187,7 +187,7 @@ def test_admission_policy_limits_sandbox_patches(kube_cluster: Any, tmp_path: Pa
             tmp_path / "kubeconfig",
             namespace=namespace,
         )
-        as_user = client.CustomObjectsApi(kc.load(kubeconfig=str(kubeconfig)).api_client)
+        as_user = client.CustomObjectsApi(config.new_client_from_config(str(kubeconfig)))
 
         def patch(body: dict[str, Any], name: str = "bobs") -> int:
             try:

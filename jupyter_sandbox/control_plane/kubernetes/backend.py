@@ -27,6 +27,9 @@ range, is an ``InvalidRequest`` that names it):
     an identity of this Jupyter server (e.g. the hub's server name); stored as
     the ``jupyter-sandbox/owner`` label so a restarted server can find exactly
     its claims (``list_claims({"jupyter-sandbox/owner": owner})``).
+``request_timeout`` / ``max_connections``
+    seconds per API request (default 30), and open connections to the API
+    server at most (default 256; every claim being waited for holds one watch).
 ``save_state`` / ``state_max_mb`` / ``state_timeout``
     before a suspend, have the runtime save the kernel's variables on the
     workspace volume (default on, 1024 MB, 60 s), so the next pod's kernel gets
@@ -59,19 +62,32 @@ the kernel ids it still knows (``SandboxSession(claim_name=...)``) and
 from __future__ import annotations
 
 import asyncio
-import calendar
-import concurrent.futures
-import functools
 import logging
 import os
 import socket
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
-from ...agent_sandbox import ASSIGNED_SANDBOX_ANNOTATION, EXT_API, LAUNCH_TYPE_LABEL
-from ...operator.user_volume import CLAIM_KERNEL_CWD_ANNOTATION, CLAIM_SERVER_ANNOTATION
+from ...agent_sandbox import (
+    ASSIGNED_SANDBOX_ANNOTATION,
+    CLAIM,
+    EXT_API,
+    LAUNCH_TYPE_LABEL,
+    SANDBOX,
+    WARMPOOL,
+    Resource,
+)
+from ...kube.client import ApiError, Client, Unreachable, load_config
+from ...kube.informer import Informer
+from ...kube.times import now_rfc3339, parse_time
+from ...kubernetes_credentials import CredentialsError
+from ...operator.user_volume import (
+    CLAIM_KERNEL_CWD_ANNOTATION,
+    CLAIM_SERVER_ANNOTATION,
+    CLAIM_USER_ANNOTATION,
+)
 from ...router.tokens import Scope, TokenAuthority
 from ...utils.users import current_user
 from ..base import (
@@ -90,12 +106,9 @@ from ..base import (
 )
 from ..runtime_client import RuntimeCallError
 from ..runtime_client import call as runtime_call
-from . import client as kc
 from .options import parse_options
 
 log = logging.getLogger(__name__)
-
-T = TypeVar("T")
 
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGED_BY = "jupyter-sandbox"
@@ -105,7 +118,6 @@ KERNEL_ID_LABEL = "jupyter-sandbox/kernel-id"
 OWNER_HOST_ANNOTATION = "jupyter-sandbox/owner-host"
 RESUMED_AT_ANNOTATION = "jupyter-sandbox/resumed-at"
 DISPLAY_NAME_ANNOTATION = "jupyter-sandbox/display-name"
-WATCH_CHUNK = 60  # seconds per watch request; re-watched from the last resourceVersion
 
 # Claim Ready=False reasons the operator (ours or upstream's) will not recover from.
 TERMINAL_REASONS = frozenset(
@@ -124,19 +136,6 @@ TERMINAL_REASONS = frozenset(
         "PodSucceeded",
     }
 )
-
-
-def _parse_time(value: str | None) -> float | None:
-    if not value:
-        return None
-    try:
-        return float(calendar.timegm(time.strptime(value[:19], "%Y-%m-%dT%H:%M:%S")))
-    except ValueError:
-        return None
-
-
-def _now_rfc3339() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
 def _condition(obj: dict[str, Any] | None, ctype: str) -> dict[str, Any]:
@@ -220,36 +219,27 @@ class KubernetesControlPlane(ControlPlane):
                     "router_auth 'jupyterhub' needs JUPYTERHUB_USER and JUPYTERHUB_API_TOKEN",
                     hint="JupyterHub sets both for every single-user server",
                 )
-        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
-        self._max_threads = max(4, o["max_threads"])
-        self._kube: kc.KubeConfig | None = None
+        self.max_connections = o["max_connections"]
+        self._kube: Client | None = None
+        self._kube_namespace = "default"
         self._kube_lock = asyncio.Lock()
         self._pools_seen: dict[str, float] = {}
         self._host = socket.gethostname()
 
     # -- plumbing ---------------------------------------------------------------
 
-    async def _thread(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        if self._executor is None:  # created lazily, and again after close()
-            self._executor = concurrent.futures.ThreadPoolExecutor(
-                max_workers=self._max_threads, thread_name_prefix="jupyter-sandbox-k8s"
-            )
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, functools.partial(fn, *args, **kwargs))
-
-    async def _client(self) -> kc.KubeConfig:
+    async def _client(self) -> Client:
         if self._kube is None:
             async with self._kube_lock:
                 if self._kube is None:
                     try:
-                        self._kube = await self._thread(
-                            kc.load,
+                        settings = await asyncio.to_thread(
+                            load_config,
                             kubeconfig=self.kubeconfig,
                             context=self.context,
                             in_cluster=self.in_cluster,
-                            pool_size=self._max_threads,
                         )
-                    except kc.Unreachable as exc:
+                    except CredentialsError as exc:
                         raise BackendUnavailable(
                             str(exc),
                             hint="set backend_options kubeconfig/context, or run in a pod",
@@ -258,35 +248,38 @@ class KubernetesControlPlane(ControlPlane):
                         raise BackendUnavailable(
                             f"cannot configure the Kubernetes client: {exc}"
                         ) from None
+                    self._kube_namespace = settings.namespace
+                    self._kube = Client(
+                        settings,
+                        max_connections=self.max_connections,
+                        user_agent="jupyter-sandbox",
+                        request_timeout=self.request_timeout,
+                    )
         return self._kube
 
     @property
     def namespace(self) -> str:
-        if self._namespace_option:
-            return self._namespace_option
-        return self._kube.namespace if self._kube else "default"
-
-    async def _co(self) -> Any:
-        from kubernetes import client
-
-        kube = await self._client()
-        return client.CustomObjectsApi(kube.api_client)
+        return self._namespace_option or self._kube_namespace
 
     async def _api(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        """One CustomObjectsApi call in a thread, errors mapped to ClaimErrors."""
-        co = await self._co()
-        kwargs.setdefault("_request_timeout", (5, self.request_timeout))
+        """One client call, errors mapped to ClaimErrors (ApiErrors that are not
+        a ClaimError, such as a 404 or a 409, are left to the caller)."""
+        kube = await self._client()
         try:
-            return await self._thread(kc.call, getattr(co, method), *args, **kwargs)
-        except kc.Unreachable as exc:
-            raise BackendUnavailable(
-                f"the Kubernetes API server is unreachable: {exc}",
-                hint="check the kubeconfig / network, or that the cluster is up",
-            ) from None
-        except kc.ApiStatus as exc:
+            return await getattr(kube, method)(*args, **kwargs)
+        except Unreachable as exc:
+            raise self._unreachable(exc) from None
+        except ApiError as exc:
             raise self._map(exc) from None
 
-    def _map(self, exc: kc.ApiStatus) -> ClaimError | kc.ApiStatus:
+    @staticmethod
+    def _unreachable(exc: Unreachable) -> BackendUnavailable:
+        return BackendUnavailable(
+            f"the Kubernetes API server is unreachable: {exc}",
+            hint="check the kubeconfig / network, or that the cluster is up",
+        )
+
+    def _map(self, exc: ApiError) -> ClaimError | ApiError:
         if exc.resource_missing:
             return BackendUnavailable(
                 "the agent-sandbox resources are not served by this API server",
@@ -303,11 +296,10 @@ class KubernetesControlPlane(ControlPlane):
             return BackendUnavailable(f"the Kubernetes API server failed: {exc.message}")
         return exc
 
-    async def _get(self, res: tuple[str, str, str], name: str) -> dict[str, Any] | None:
-        g, v, p = res
+    async def _get(self, res: Resource, name: str) -> dict[str, Any] | None:
         try:
-            return await self._api("get_namespaced_custom_object", g, v, self.namespace, p, name)  # type: ignore[no-any-return]
-        except kc.ApiStatus as exc:
+            return await self._api("get", res, self.namespace, name)  # type: ignore[no-any-return]
+        except ApiError as exc:
             if exc.not_found:
                 return None
             raise ClaimError(str(exc)) from None
@@ -317,7 +309,7 @@ class KubernetesControlPlane(ControlPlane):
     async def _check_pool(self, pool: str) -> None:
         if time.monotonic() - self._pools_seen.get(pool, -1e9) < 30:
             return
-        if await self._get(kc.WARMPOOL, pool) is None:
+        if await self._get(WARMPOOL, pool) is None:
             try:
                 names = sorted(p.name for p in await self.list_pools())
             except ClaimError:
@@ -338,7 +330,7 @@ class KubernetesControlPlane(ControlPlane):
             OWNER_HOST_ANNOTATION: self._host,
             # Whose sandbox this is: the router (hub mode) admits only them, and a
             # template with a user volume mounts their volume.
-            kc.USER_ANNOTATION: self.hub_user or current_user(),
+            CLAIM_USER_ANNOTATION: self.hub_user or current_user(),
         }
         server_name = os.environ.get("JUPYTERHUB_SERVER_NAME")
         if server_name:
@@ -363,16 +355,13 @@ class KubernetesControlPlane(ControlPlane):
         await self._check_pool(request.pool)
         name = request.name or f"kernel-{uuid.uuid4().hex[:12]}"
         body = self._claim_body(request, name)
-        g, v, p = kc.CLAIM
         try:
-            created = await self._api(
-                "create_namespaced_custom_object", g, v, self.namespace, p, body
-            )
+            created = await self._api("create", CLAIM, self.namespace, body)
         except BackendUnavailable:
             # The create may have gone through with the answer lost: never leak it.
             await self._release_quietly(name)
             raise
-        except kc.ApiStatus as exc:
+        except ApiError as exc:
             if exc.status == 409:
                 raise InvalidRequest(f"a claim named {name!r} already exists") from None
             raise ClaimError(f"creating SandboxClaim {name}: {exc}") from None
@@ -390,29 +379,9 @@ class KubernetesControlPlane(ControlPlane):
     # -- wait -----------------------------------------------------------------------
 
     async def wait_ready(self, name: str, timeout: float) -> ClaimStatus:
+        """Watch the claim until Ready, then its Sandbox until Ready for its generation."""
         await self._client()
-        handle = kc.WatchHandle()
         deadline = time.monotonic() + timeout
-        try:
-            claim, sandbox = await self._thread(self._wait_blocking, name, deadline, handle)
-        except asyncio.CancelledError:
-            handle.stop()
-            raise
-        except kc.Unreachable as exc:
-            raise BackendUnavailable(f"the Kubernetes API server is unreachable: {exc}") from None
-        except kc.ApiStatus as exc:
-            mapped = self._map(exc)
-            if isinstance(mapped, ClaimError):
-                raise mapped from None
-            raise ClaimError(f"waiting for claim {name}: {exc}") from None
-        return self._status(claim, sandbox)
-
-    def _wait_blocking(
-        self, name: str, deadline: float, handle: kc.WatchHandle
-    ) -> tuple[dict[str, Any], dict[str, Any]]:
-        """Watch the claim until Ready, then its Sandbox until Ready (in a worker thread)."""
-        co = self._co_sync()
-        g, v, p = kc.CLAIM
 
         def claim_done(claim: dict[str, Any]) -> bool:
             term = _terminal(claim)
@@ -427,101 +396,74 @@ class KubernetesControlPlane(ControlPlane):
             ready = _condition(claim, "Ready")
             return ready.get("status") == "True" and sandbox_name_of(claim) is not None
 
-        claim = self._watch_until(
-            co.list_namespaced_custom_object,
-            (g, v, self.namespace, p),
-            co.get_namespaced_custom_object,
-            (g, v, self.namespace, p, name),
+        claim = await self._watch_until(
+            CLAIM,
+            name,
             claim_done,
             deadline,
-            handle,
             what=f"claim {name}",
             gone=lambda: ClaimNotFound(f"claim {name} does not exist"),
         )
         sb_name = sandbox_name_of(claim)
         assert sb_name is not None
-        g, v, p = kc.SANDBOX
-        sandbox = self._watch_until(
-            co.list_namespaced_custom_object,
-            (g, v, self.namespace, p),
-            co.get_namespaced_custom_object,
-            (g, v, self.namespace, p, sb_name),
+        sandbox = await self._watch_until(
+            SANDBOX,
+            sb_name,
             sandbox_ready,
             deadline,
-            handle,
             what=f"sandbox {sb_name} of claim {name}",
             gone=lambda: ClaimError(f"sandbox {sb_name} of claim {name} is gone"),
         )
-        return claim, sandbox
+        return self._status(claim, sandbox)
 
-    def _co_sync(self) -> Any:
-        from kubernetes import client
-
-        assert self._kube is not None
-        return client.CustomObjectsApi(self._kube.api_client)
-
-    def _watch_until(
+    async def _watch_until(
         self,
-        list_fn: Any,
-        list_args: tuple[Any, ...],
-        get_fn: Any,
-        get_args: tuple[Any, ...],
+        res: Resource,
+        name: str,
         done: Callable[[dict[str, Any]], bool],
         deadline: float,
-        handle: kc.WatchHandle,
         *,
         what: str,
         gone: Callable[[], ClaimError],
     ) -> dict[str, Any]:
-        """GET the object, then WATCH it (by name) until ``done`` or the deadline."""
-        name = get_args[-1]
-        obj: dict[str, Any] | None = None
-        while True:
-            if handle.stopped.is_set():
-                raise ClaimTimeout(f"stopped waiting for {what}")
+        """Watch one object (an informer on its name: no thread, no polling) until
+        ``done`` says so; ``gone`` once it is absent, ClaimTimeout at the deadline."""
+        kube = await self._client()
+        informer = Informer(kube, res, self.namespace, field_selector=f"metadata.name={name}")
+        last: list[dict[str, Any] | None] = [None]
+
+        def check() -> dict[str, Any] | None:
+            error = informer.last_error
+            # A server that goes away fails the wait at once, as every other call
+            # does, rather than at the deadline.
+            if isinstance(error, Unreachable):
+                raise self._unreachable(error)
+            if error is not None and not informer.synced.is_set():
+                # Before the first list: no access or no CRDs is an answer.
+                if isinstance(error, ApiError):
+                    mapped = self._map(error)
+                    raise (
+                        mapped
+                        if isinstance(mapped, ClaimError)
+                        else ClaimError(f"waiting for {what}: {error}")
+                    )
+            if not informer.synced.is_set():
+                return None
+            obj = informer.get(self.namespace, name)
+            if obj is None:
+                raise gone()
+            last[0] = obj
+            return obj if done(obj) else None
+
+        async with informer.running():
             try:
-                obj = kc.call(get_fn, *get_args, _request_timeout=(5, self.request_timeout))
-            except kc.ApiStatus as exc:
-                if exc.not_found and not exc.resource_missing:
-                    raise gone() from None
-                raise
-            assert obj is not None
-            if done(obj):
-                return obj
-            rv = obj["metadata"]["resourceVersion"]
-            try:
-                while True:
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0 or handle.stopped.is_set():
-                        raise ClaimTimeout(
-                            f"{what} not ready after the timeout: {self._why(obj)}",
-                            hint="a cold start pulls the image and schedules a pod; "
-                            "raise claim_timeout or grow the warm pool",
-                        )
-                    for event in kc.watch(
-                        list_fn,
-                        *list_args,
-                        resource_version=rv,
-                        timeout_seconds=int(min(remaining, WATCH_CHUNK)) + 1,
-                        handle=handle,
-                        field_selector=f"metadata.name={name}",
-                    ):
-                        kind = event.get("type")
-                        item = event.get("object") or {}
-                        rv = (item.get("metadata") or {}).get("resourceVersion", rv)
-                        if kind == "BOOKMARK":
-                            continue
-                        if kind == "DELETED":
-                            raise gone()
-                        obj = item
-                        if done(obj):
-                            return obj
-                        if time.monotonic() >= deadline:
-                            break
-            except kc.ApiStatus as exc:
-                if exc.gone:
-                    continue  # resourceVersion compacted away: GET again, watch from there
-                raise
+                return await informer.wait_until(check, max(0.0, deadline - time.monotonic()))
+            except TimeoutError:
+                raise ClaimTimeout(
+                    f"{what} not ready after the timeout: {self._why(last[0])}",
+                    hint="a cold start pulls the image and schedules a pod; "
+                    "raise claim_timeout or grow the warm pool",
+                ) from None
 
     @staticmethod
     def _why(obj: dict[str, Any] | None) -> str:
@@ -533,7 +475,7 @@ class KubernetesControlPlane(ControlPlane):
     # -- suspend / resume ---------------------------------------------------------
 
     async def _bound(self, name: str) -> tuple[dict[str, Any], str]:
-        claim = await self._get(kc.CLAIM, name)
+        claim = await self._get(CLAIM, name)
         if claim is None:
             raise ClaimNotFound(f"claim {name} does not exist")
         sb = sandbox_name_of(claim)
@@ -543,12 +485,9 @@ class KubernetesControlPlane(ControlPlane):
 
     async def _patch_sandbox(self, name: str, body: dict[str, Any]) -> ClaimStatus:
         claim, sb = await self._bound(name)
-        g, v, p = kc.SANDBOX
         try:
-            sandbox = await self._api(
-                "patch_namespaced_custom_object", g, v, self.namespace, p, sb, body
-            )
-        except kc.ApiStatus as exc:
+            sandbox = await self._api("patch", SANDBOX, self.namespace, sb, body)
+        except ApiError as exc:
             if exc.not_found:
                 raise ClaimNotFound(f"sandbox {sb} of claim {name} does not exist") from None
             raise ClaimError(f"patching sandbox {sb}: {exc}") from None
@@ -585,7 +524,7 @@ class KubernetesControlPlane(ControlPlane):
         return await self._patch_sandbox(
             name,
             {
-                "metadata": {"annotations": {RESUMED_AT_ANNOTATION: _now_rfc3339()}},
+                "metadata": {"annotations": {RESUMED_AT_ANNOTATION: now_rfc3339()}},
                 "spec": {"operatingMode": "Running"},
             },
         )
@@ -593,49 +532,36 @@ class KubernetesControlPlane(ControlPlane):
     # -- release / status / list ----------------------------------------------------
 
     async def release(self, name: str) -> None:
-        g, v, p = kc.CLAIM
         try:
-            await self._api(
-                "delete_namespaced_custom_object",
-                g,
-                v,
-                self.namespace,
-                p,
-                name,
-                propagation_policy="Background",
-            )
-        except kc.ApiStatus as exc:
+            await self._api("delete", CLAIM, self.namespace, name, propagation="Background")
+        except ApiError as exc:
             if exc.not_found:
                 return
             raise ClaimError(f"deleting claim {name}: {exc}") from None
 
     async def status(self, name: str) -> ClaimStatus | None:
-        claim = await self._get(kc.CLAIM, name)
+        claim = await self._get(CLAIM, name)
         if claim is None:
             return None
         sb = sandbox_name_of(claim)
-        sandbox = await self._get(kc.SANDBOX, sb) if sb else None
+        sandbox = await self._get(SANDBOX, sb) if sb else None
         return self._status(claim, sandbox)
 
     async def list_claims(self, labels: dict[str, str] | None = None) -> list[ClaimStatus]:
         selector = ",".join(f"{k}={v}" for k, v in sorted((labels or {}).items()))
-        g, v, p = kc.CLAIM
         try:
-            claims = await self._api(
-                "list_namespaced_custom_object", g, v, self.namespace, p, label_selector=selector
-            )
-        except kc.ApiStatus as exc:
+            claims = await self._api("list", CLAIM, self.namespace, labelSelector=selector or None)
+        except ApiError as exc:
             raise ClaimError(f"listing claims: {exc}") from None
         items = claims.get("items") or []
         wanted = {sandbox_name_of(c) for c in items} - {None}
         by_name: dict[str, dict[str, Any]] = {}
         if wanted:
             if len(wanted) <= 8:
-                found = await asyncio.gather(*(self._get(kc.SANDBOX, n) for n in wanted))  # type: ignore[arg-type]
+                found = await asyncio.gather(*(self._get(SANDBOX, n) for n in wanted))  # type: ignore[arg-type]
                 by_name = {s["metadata"]["name"]: s for s in found if s}
             else:
-                g, v, p = kc.SANDBOX
-                sbs = await self._api("list_namespaced_custom_object", g, v, self.namespace, p)
+                sbs = await self._api("list", SANDBOX, self.namespace)
                 by_name = {s["metadata"]["name"]: s for s in sbs.get("items") or []}
         return [self._status(c, by_name.get(sandbox_name_of(c) or "")) for c in items]
 
@@ -661,10 +587,9 @@ class KubernetesControlPlane(ControlPlane):
         return released
 
     async def list_pools(self) -> list[PoolStatus]:
-        g, v, p = kc.WARMPOOL
         try:
-            pools = await self._api("list_namespaced_custom_object", g, v, self.namespace, p)
-        except kc.ApiStatus as exc:
+            pools = await self._api("list", WARMPOOL, self.namespace)
+        except ApiError as exc:
             raise ClaimError(f"listing pools: {exc}") from None
         result = []
         for pool in pools.get("items") or []:
@@ -688,10 +613,7 @@ class KubernetesControlPlane(ControlPlane):
     async def close(self) -> None:
         kube, self._kube = self._kube, None
         if kube is not None:
-            await self._thread(kube.api_client.close)
-        executor, self._executor = self._executor, None
-        if executor is not None:
-            executor.shutdown(wait=False, cancel_futures=True)
+            await kube.close()
 
     # -- status mapping ----------------------------------------------------------------
 
@@ -716,11 +638,11 @@ class KubernetesControlPlane(ControlPlane):
         if finished.get("status") == "True":
             return Phase.FAILED
         ready = _condition(sandbox, "Ready")
-        resumed = _parse_time(
+        resumed = parse_time(
             (sandbox["metadata"].get("annotations") or {}).get(RESUMED_AT_ANNOTATION)
         )
         if resumed is not None:
-            since = _parse_time(ready.get("lastTransitionTime"))
+            since = parse_time(ready.get("lastTransitionTime"))
             if (
                 suspended.get("status") == "True"
                 or ready.get("reason") == "SandboxSuspended"
@@ -762,7 +684,7 @@ class KubernetesControlPlane(ControlPlane):
             message = str(src.get("message") or ready_cond.get("message") or "")
         ready_at = None
         if sandbox is not None and phase == Phase.READY:
-            ready_at = _parse_time(_condition(sandbox, "Ready").get("lastTransitionTime"))
+            ready_at = parse_time(_condition(sandbox, "Ready").get("lastTransitionTime"))
         return ClaimStatus(
             name=md["name"],
             namespace=ns,
@@ -774,7 +696,7 @@ class KubernetesControlPlane(ControlPlane):
             isolation_detail=detail,
             workspace=None,
             labels=dict(md.get("labels") or {}),
-            created=_parse_time(md.get("creationTimestamp")) or 0.0,
+            created=parse_time(md.get("creationTimestamp")) or 0.0,
             ready_at=ready_at,
             message=message,
             endpoint=self._endpoint(claim, sandbox, ns, sb_name),

@@ -80,7 +80,7 @@ OPTIONS: dict[str, tuple[Callable[[str, Any], Any], Any]] = {
     "owner": (_text, None),
     "port": (_number(int, 1, 65535), RUNTIME_PORT),
     "request_timeout": (_number(float, 0.001), 30.0),
-    "max_threads": (_number(int, 1), 64),
+    "max_connections": (_number(int, 4), 256),
     "token_ttl": (_number(float, 1), 7 * 24 * 3600.0),
     "save_state": (_flag, True),
     "state_max_mb": (_number(int, 1), 1024),
