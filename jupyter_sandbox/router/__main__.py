@@ -97,16 +97,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def make_lookup(args: argparse.Namespace) -> tuple[Any, Any]:
+async def make_lookup(args: argparse.Namespace) -> tuple[Any, Any]:
     """The router's lookup for ``args``, and the resolver to stop (or None)."""
     allowed = {n.strip() for n in args.allowed_namespaces.split(",") if n.strip()}
     if args.resolve == "api":
-        from ..control_plane.kubernetes import client as kc
+        from ..kube.client import Client, load_config
+        from ..kubernetes_credentials import CredentialsError
         from .kubernetes import SandboxResolver
 
-        kube = kc.load(kubeconfig=args.kubeconfig, context=args.context)
+        try:
+            settings = await asyncio.to_thread(load_config, args.kubeconfig, args.context)
+        except CredentialsError as exc:
+            raise SystemExit(f"jupyter-sandbox router: {exc}") from None
         resolver = SandboxResolver(
-            kube.api_client,
+            Client(settings, user_agent="jupyter-sandbox-router"),
             allowed_namespaces=allowed or None,
             cluster_domain=args.cluster_domain,
             fallback_dns=args.dns_fallback,
@@ -135,10 +139,10 @@ def load_authority(path: str) -> TokenAuthority:
 async def serve(args: argparse.Namespace) -> None:
     authority = load_authority(args.token_secret_file) if args.token_secret_file else None
 
-    lookup, resolver = await asyncio.to_thread(make_lookup, args)
+    lookup, resolver = await make_lookup(args)
     # Listen only once the Sandbox cache is filled: before that every known sandbox
     # would be routed by its DNS name, and a caller's X-Sandbox-Pod-IP refused.
-    if resolver is not None and not await asyncio.to_thread(resolver.wait_synced, 60.0):
+    if resolver is not None and not await resolver.wait_synced(60.0):
         log.warning("the Sandbox cache did not sync in 60 s; routing by DNS until it does")
     hub = HubIdentity(args.hub_api_url) if args.hub_api_url else None
     ctx = RouterContext(
@@ -165,7 +169,8 @@ async def serve(args: argparse.Namespace) -> None:
     server.stop()
     await ctx.close()
     if resolver is not None:
-        await asyncio.to_thread(resolver.stop)
+        await resolver.stop()
+        await resolver.client.close()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,11 +3,13 @@ their ServiceAccounts' permissions and do their jobs on the real API server."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
 import yaml
 
+from jupyter_sandbox.kube.client import Client, load_config
 from jupyter_sandbox.router.kubernetes import SandboxResolver
 
 from .conftest import CLAIM, POOL, SB, TPL, is_ready, pool_body, template_body, wait_for
@@ -114,9 +116,7 @@ def _claim(name: str) -> dict:
 
 
 def test_router_works_with_its_clusterrole(kube, api_client, kube_cluster, tmp_path):
-    from kubernetes import client
-
-    from jupyter_sandbox.control_plane.kubernetes import client as kc
+    from kubernetes import client, config
 
     apply_rbac(api_client)
     cfg = sa_kubeconfig(
@@ -131,15 +131,27 @@ def test_router_works_with_its_clusterrole(kube, api_client, kube_cluster, tmp_p
             "spec": {"podTemplate": {"spec": {"containers": [{"name": "c", "image": "x"}]}}},
         },
     )
-    router_kube = kc.load(kubeconfig=str(cfg))
-    # track_owners: also the claim watch of JupyterHub authorization
-    resolver = SandboxResolver(router_kube.api_client, fallback_dns=False, track_owners=True)
-    resolver.start()
+
+    async def resolve() -> None:
+        router = Client(await asyncio.to_thread(load_config, str(cfg)))
+        # track_owners: also the claim watch of JupyterHub authorization
+        resolver = SandboxResolver(router, fallback_dns=False, track_owners=True).start()
+        try:
+            assert await resolver.wait_synced(30), "the router could not list sandboxes and claims"
+            for _ in range(100):
+                if resolver.get(kube.ns, "visible") is not None:
+                    break
+                await asyncio.sleep(0.1)
+            assert resolver.get(kube.ns, "visible") is not None, "sandbox not in the cache"
+        finally:
+            await resolver.stop()
+            await router.close()
+
+    asyncio.run(resolve())
+    # and nothing more: no secrets, no pods
+    router_api = config.new_client_from_config(config_file=str(cfg))
     try:
-        assert resolver.wait_synced(30), "the router could not list sandboxes and claims"
-        wait_for(lambda: resolver.get(kube.ns, "visible"), 10, what="sandbox in the cache")
-        # and nothing more: no secrets, no pods
-        core = client.CoreV1Api(router_kube.api_client)
+        core = client.CoreV1Api(router_api)
         with pytest.raises(client.ApiException) as err:
             core.list_namespaced_secret(kube.ns)
         assert err.value.status == 403
@@ -147,5 +159,4 @@ def test_router_works_with_its_clusterrole(kube, api_client, kube_cluster, tmp_p
             core.list_namespaced_pod(kube.ns)
         assert err.value.status == 403
     finally:
-        resolver.stop()
-        router_kube.api_client.close()
+        router_api.close()

@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from jupyter_sandbox.kube.client import Client, load_config
 from jupyter_sandbox.router.kubernetes import SandboxResolver
 from jupyter_sandbox.router.upstreams import Upstream
 
@@ -21,28 +22,57 @@ from .conftest import REPO_ROOT, SB, make_pool, sandbox_body, wait_for
 pytestmark = pytest.mark.cluster
 
 
-@pytest.fixture
-def resolver_factory(kube_cluster):
-    made: list[SandboxResolver] = []
-    clients = []
+class _LoopThread:
+    """An event loop in a thread: the resolver lives in one, as in the router,
+    while the test polls it from its own thread."""
 
-    def make(**kw) -> SandboxResolver:
-        c = kube_cluster.api_client()
-        clients.append(c)
-        r = SandboxResolver(c, **kw).start()
-        made.append(r)
-        assert r.wait_synced(30), "resolver never synced"
-        return r
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
 
-    yield make
-    for r in made:
-        r.stop()
-    for c in clients:
-        c.close()
+    def run(self, coro, timeout: float = 60):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+        self.loop.close()
+
+
+_loop: _LoopThread | None = None
 
 
 def _sync(coro):
-    return asyncio.run(coro)
+    assert _loop is not None
+    return _loop.run(coro)
+
+
+@pytest.fixture
+def resolver_factory(kube_cluster):
+    global _loop
+    _loop = _LoopThread()
+    made: list[SandboxResolver] = []
+
+    async def start(**kw) -> SandboxResolver:
+        settings = await asyncio.to_thread(load_config, kube_cluster.kubeconfig)
+        r = SandboxResolver(Client(settings), **kw).start()
+        made.append(r)
+        assert await r.wait_synced(30), "resolver never synced"
+        return r
+
+    def make(**kw) -> SandboxResolver:
+        return _sync(start(**kw))
+
+    async def stop_all() -> None:
+        for r in made:
+            await r.stop()
+            await r.client.close()
+
+    yield make
+    _sync(stop_all())
+    _loop.close()
+    _loop = None
 
 
 def test_follows_sandbox_status(kube, operator, resolver_factory):
