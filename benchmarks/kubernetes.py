@@ -17,11 +17,9 @@ The control plane is started here and stopped at the end.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import shutil
 import signal
-import ssl
 import subprocess
 import sys
 import tempfile
@@ -32,11 +30,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import yaml
 
 from jupyter_sandbox.control_plane.base import ClaimRequest, Phase
 from jupyter_sandbox.control_plane.kubernetes.backend import KubernetesControlPlane
+from jupyter_sandbox.kube.client import ApiError, Client, load_config
 
 from .stats import Figure, Series
 from .upstream import upstream_program
@@ -87,35 +85,26 @@ def upstream_controller(build: bool) -> tuple[Path | None, str]:
 # --------------------------------------------------------------------------- API client
 
 
-class ApiError(RuntimeError):
-    def __init__(self, status: int, body: Any) -> None:
-        super().__init__(f"{status}: {str(body)[:300]}")
-        self.status = status
-
-
 class Api:
-    """Just enough of the Kubernetes REST API, on aiohttp, with plain dicts."""
+    """The benchmark's view of the API server: the project's own client, used by
+    path, with a few helpers for namespaces and CRDs."""
 
-    def __init__(self, url: str, token: str, ssl_ctx: ssl.SSLContext) -> None:
-        self.url = url
-        self.headers = {"Authorization": f"Bearer {token}"}
-        self.ssl = ssl_ctx
-        self._session: aiohttp.ClientSession | None = None
+    def __init__(self, kubeconfig: Path) -> None:
+        self.kubeconfig = kubeconfig
+        self._client: Client | None = None
 
-    @property
-    def session(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            self._session = aiohttp.ClientSession(
-                headers=self.headers,
-                connector=aiohttp.TCPConnector(ssl=self.ssl, limit=64),
-                timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
+    async def client(self) -> Client:
+        if self._client is None:
+            settings = await asyncio.to_thread(load_config, str(self.kubeconfig))
+            self._client = Client(
+                settings, user_agent="jupyter-sandbox-benchmark", request_timeout=60
             )
-        return self._session
+        return self._client
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
 
     async def call(
         self,
@@ -126,20 +115,14 @@ class Api:
         ok: tuple[int, ...] = (),
         params: dict[str, str] | None = None,
     ) -> dict[str, Any]:
-        data = json.dumps(body) if body is not None else None
-        async with self.session.request(
-            method,
-            self.url + path,
-            data=data,
-            params=params,
-            headers={"Content-Type": content_type},
-            timeout=aiohttp.ClientTimeout(total=60),
-        ) as resp:
-            raw = await resp.read()
-            out = json.loads(raw) if raw[:1] == b"{" else {}
-            if resp.status >= 300 and resp.status not in ok:
-                raise ApiError(resp.status, out or raw[:300])
-            return out
+        """One request; an error whose status is in ``ok`` answers ``{}``."""
+        client = await self.client()
+        try:
+            return await client.request(method, path, body, params, content_type)
+        except ApiError as exc:
+            if exc.status in ok:
+                return {}
+            raise
 
     async def create(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         return await self.call("POST", path, body)
@@ -151,15 +134,9 @@ class Api:
         return await self.call("PATCH", path, body, "application/merge-patch+json")
 
     async def watch(self, path: str, rv: str) -> AsyncIterator[dict[str, Any]]:
-        params = {"watch": "1", "resourceVersion": rv, "allowWatchBookmarks": "true"}
-        async with self.session.get(
-            self.url + path, params=params, timeout=aiohttp.ClientTimeout(total=None)
-        ) as resp:
-            if resp.status != 200:
-                raise ApiError(resp.status, await resp.text())
-            async for line in resp.content:
-                if line.strip():
-                    yield json.loads(line)
+        client = await self.client()
+        async for event in client.watch_path(path, {"resourceVersion": rv}):
+            yield event
 
     async def apply_crds(self, timeout: float = 60) -> None:
         base = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
@@ -597,7 +574,7 @@ def _maker(label: str, opts: Options, kubeconfig: Path, workdir: Path, n: int) -
 
 
 async def _run(cp: Any, opts: Options, workdir: Path) -> list[Figure]:
-    api = Api(cp.url, cp.token, cp.ssl_context())
+    api = Api(cp.kubeconfig)
     figures: list[Figure] = []
     try:
         await api.apply_crds()
