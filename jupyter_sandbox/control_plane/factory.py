@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import atexit
+import contextlib
 from typing import Any
 
 from .base import ControlPlane, InvalidRequest
 
 _cache: dict[tuple[int, str, tuple[tuple[str, str], ...]], ControlPlane] = {}
+_loops: dict[tuple[int, str, tuple[tuple[str, str], ...]], asyncio.AbstractEventLoop] = {}
 
 
 def get_control_plane(backend: str = "local", **options: Any) -> ControlPlane:
@@ -18,7 +21,21 @@ def get_control_plane(backend: str = "local", **options: Any) -> ControlPlane:
     if plane is None:
         plane = _create(backend, options)
         _cache[key] = plane
+        _loops[key] = loop
     return plane
+
+
+@atexit.register
+def _close_all() -> None:
+    """Close the shared clients whose loops still run (a background loop's thread):
+    their connection pools end cleanly rather than being collected open."""
+    for key, plane in list(_cache.items()):
+        loop = _loops.pop(key, None)
+        del _cache[key]
+        if loop is None or loop.is_closed() or not loop.is_running():
+            continue
+        with contextlib.suppress(Exception):
+            asyncio.run_coroutine_threadsafe(plane.close(), loop).result(timeout=5)
 
 
 def _create(backend: str, options: dict[str, Any]) -> ControlPlane:
