@@ -1,22 +1,21 @@
-"""Container images for the real-node test cluster, built without a registry.
+"""Container images for the real-node test cluster, built without a registry
+or a daemon, as OCI image-layout archives that ``ctr images import`` reads:
 
-Three images, written as OCI image-layout archives that ``ctr images import``
-reads (nothing here talks to a container registry):
-
-* ``runtime``: a minimal Debian root made with ``debootstrap --variant=minbase``
-  (python3 from Debian, the same suite as the host), this package's runtime
-  dependencies installed into it from PyPI with the host's pip (same Python
-  minor, same glibc), plus a second, small layer with the ``jupyter_sandbox``
-  sources of this checkout.  Its default command is the sandbox runtime
-  (``python -m jupyter_sandbox.runtime --port 8888 --workspace /workspace``),
-  user 1000, like ``deploy/docker/Dockerfile.runtime``.
+* ``runtime`` and ``operator``: ``deploy/docker/Dockerfile.runtime`` and
+  ``Dockerfile.operator`` built by Debian's ``buildah`` (chroot isolation, its
+  own storage under the cache) from this checkout, exactly as users build them,
+  so the tests run what deploy/ ships.  The runtime image is built with
+  ``EXTRA_PACKAGES=""`` (the tests need no numpy).
+* ``python``: their ``PYTHON_IMAGE``, a local stand-in for ``python:3.11-slim``
+  (no registry here): a ``debootstrap --variant=minbase`` root with Debian's
+  python3 and pip, the same suite as the host.
 * ``pause``: one layer holding the static ``pause`` binary that
   ``build.sh --node`` compiles from ``tests/cluster/pause``.
 
 Everything is cached under ``$JUPYTER_SANDBOX_CACHE/images`` keyed by its
-inputs: the base layer by (suite, mirror, Debian packages, pip requirements,
-recipe version), the source layer by the hash of the package files, the
-archives by the layer digests.  A warm run only re-hashes the sources.
+inputs: the base by (suite, mirror, packages, recipe version), a Dockerfile's
+image by the Dockerfile, its build arguments, the base and the hash of every
+file its ``COPY`` lines take.  A warm run only re-hashes those files.
 
     python -m tests.cluster.images            # build all three, print the archive paths
 """
@@ -34,21 +33,21 @@ import subprocess
 import sys
 import tarfile
 import time
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
 from .controlplane import bin_dir, cache_root
 
 REPO = Path(__file__).resolve().parents[2]
-RECIPE_VERSION = "1"
+RECIPE_VERSION = "2"
 RUNTIME_REPO = "jupyter-sandbox.local/runtime"
 PAUSE_REPO = "jupyter-sandbox.local/pause"
 OPERATOR_REPO = "jupyter-sandbox.local/operator"
-# python-is-python3: the pod command is `python -m ...`, as in the Dockerfile
-DEBIAN_PACKAGES = ("python3", "python-is-python3")
-PY_SITE = "usr/local/lib/python3.11/dist-packages"
-CMD = ["python", "-m", "jupyter_sandbox.runtime", "--port", "8888", "--workspace", "/workspace"]
+PYTHON_REPO = "jupyter-sandbox.local/python"
+# python-is-python3: the Dockerfiles run `python ...`, as in the official image
+DEBIAN_PACKAGES = ("python3", "python3-pip", "python-is-python3")
+# copied into the base so that pip in a build trusts what the host's pip trusts
+HOST_TRUST = (Path("/etc/ssl/certs/ca-certificates.crt"), Path("/etc/pip.conf"))
 
 MT_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 MT_CONFIG = "application/vnd.oci.image.config.v1+json"
@@ -104,48 +103,27 @@ def debian_suite() -> str:
     return "bookworm"
 
 
-def _req_name(spec: str) -> str:
-    return re.split(r"[<>=!~\[; ]", spec, maxsplit=1)[0].lower()
-
-
-def _full_default() -> bool:
-    return bool(os.environ.get("JSBX_IMAGE_FULL"))
-
-
-def pip_requirements(full: bool | None = None) -> list[str]:
-    """Requirement specifiers from pyproject.toml: the base install, which is the
-    sandbox runtime's (as deploy/docker/Dockerfile.runtime installs it); ``full``
-    adds the ``kubernetes`` extra, for the operator and the router."""
-    data = tomllib.loads((REPO / "pyproject.toml").read_text())
-    reqs = list(data["project"]["dependencies"])
-    if _full_default() if full is None else full:
-        extra = data["project"]["optional-dependencies"]["kubernetes"]
-        reqs += [r for r in extra if _req_name(r) not in {_req_name(b) for b in reqs}]
-    return sorted(reqs)
-
-
-def console_scripts() -> dict[str, str]:
-    """``[project.scripts]`` of pyproject.toml: name -> "module:function"."""
-    data = tomllib.loads((REPO / "pyproject.toml").read_text())
-    return dict(data["project"].get("scripts", {}))
-
-
-def package_version() -> str:
-    m = re.search(r"['\"]([^'\"]+)['\"]", (REPO / "jupyter_sandbox" / "_version.py").read_text())
-    return m.group(1) if m else "0"
-
-
-def source_files() -> list[Path]:
-    root = REPO / "jupyter_sandbox"
-    out = []
-    for p in sorted(root.rglob("*")):
-        rel = p.relative_to(root)
-        if p.is_dir() or "__pycache__" in rel.parts or rel.parts[0] == "labextension":
+def context_files(dockerfile: Path) -> list[Path]:
+    """The files the Dockerfile's ``COPY`` lines take from the build context,
+    less what ``.dockerignore`` leaves out for every build (caches, built assets)."""
+    out: list[Path] = []
+    for raw in dockerfile.read_text().splitlines():
+        words = raw.split()
+        if not words or words[0] != "COPY" or any(w.startswith("--from") for w in words):
             continue
-        if p.suffix in (".pyc", ".pyo"):
-            continue
-        out.append(p)
+        for src in words[1:-1]:
+            p = REPO / src
+            files = [p] if p.is_file() else sorted(f for f in p.rglob("*") if f.is_file())
+            out += [f for f in files if not _ignored(f.relative_to(REPO))]
     return out
+
+
+def _ignored(rel: Path) -> bool:
+    return (
+        "__pycache__" in rel.parts
+        or rel.suffix in (".pyc", ".pyo")
+        or rel.parts[:2] == ("jupyter_sandbox", "labextension")
+    )
 
 
 # --------------------------------------------------------------------------- layers
@@ -206,29 +184,30 @@ def _unmount_all(root: Path) -> None:
         subprocess.run(["umount", "-l", mp], check=False)
 
 
-def base_layer_key(full: bool | None = None) -> str:
+def base_layer_key() -> str:
     return _sha(
         RECIPE_VERSION,
         debian_suite(),
         apt_mirror(),
         ",".join(DEBIAN_PACKAGES),
-        ",".join(pip_requirements(full)),
-        f"{sys.version_info.major}.{sys.version_info.minor}",
+        _sha(*(_read(p) for p in HOST_TRUST)),
     )[:16]
 
 
-def base_layer(full: bool | None = None) -> Blob:
-    """debootstrap + pip, packed as one uncompressed layer (cached).  ``full``
-    (default: ``JSBX_IMAGE_FULL``) installs all of the package's dependencies."""
-    reqs = pip_requirements(full)
-    key = base_layer_key(full)
+def _read(p: Path) -> str:
+    return p.read_text() if p.exists() else ""
+
+
+def base_layer() -> Blob:
+    """debootstrap minbase + Debian's python3 and pip, packed as one uncompressed
+    layer (cached): the stand-in for ``python:3.11-slim``."""
+    key = base_layer_key()
     meta_file = images_dir() / f"base-{key}.json"
     blob = _blob_from_meta(meta_file)
     if blob:
         return blob
-    for tool in ("debootstrap", "tar"):
-        if not shutil.which(tool):
-            raise RuntimeError(f"{tool} not found (apt-get install {tool})")
+    if not shutil.which("debootstrap"):
+        raise RuntimeError("debootstrap not found (apt-get install debootstrap)")
     work = images_dir() / f"tmp-base-{key}"
     root = work / "root"
     _unmount_all(work)
@@ -251,38 +230,9 @@ def base_layer(full: bool | None = None) -> Blob:
             stdout=subprocess.DEVNULL,
         )
         _unmount_all(root)
-        t1 = time.monotonic()
-        log(f"debootstrap took {t1 - t0:.0f}s; pip install {len(reqs)} requirements")
-        site = root / PY_SITE
-        site.mkdir(parents=True, exist_ok=True)
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "install",
-                "--quiet",
-                "--disable-pip-version-check",
-                "--no-warn-script-location",
-                "--no-warn-conflicts",
-                "--only-binary=:all:",
-                "--target",
-                str(site),
-                *reqs,
-            ],
-            check=True,
-        )
-        freeze = subprocess.run(
-            [sys.executable, "-m", "pip", "list", "--path", str(site), "--format=freeze"],
-            check=True,
-            capture_output=True,
-            text=True,
-        ).stdout
-        # console scripts pip wrote point at the host's interpreter: not used, drop
-        shutil.rmtree(site / "bin", ignore_errors=True)
         _finish_root(root)
-        t2 = time.monotonic()
-        log(f"pip took {t2 - t1:.0f}s; packing the layer")
+        t1 = time.monotonic()
+        log(f"debootstrap took {t1 - t0:.0f}s; packing the layer")
         proc = subprocess.Popen(
             [
                 "tar",
@@ -304,10 +254,8 @@ def base_layer(full: bool | None = None) -> Blob:
         blob = _store_stream(proc.stdout, work / "layer.tar")
         if proc.wait() != 0:
             raise RuntimeError("tar of the base root failed")
-        log(f"base layer {blob.digest[:19]} {blob.size >> 20} MiB in {time.monotonic() - t2:.0f}s")
-        meta_file.write_text(
-            json.dumps({"digest": blob.digest, "size": blob.size, "pip": freeze.split()}, indent=1)
-        )
+        log(f"base layer {blob.digest[:19]} {blob.size >> 20} MiB in {time.monotonic() - t1:.0f}s")
+        meta_file.write_text(json.dumps({"digest": blob.digest, "size": blob.size}))
         return blob
     finally:
         _unmount_all(work)
@@ -315,14 +263,17 @@ def base_layer(full: bool | None = None) -> Blob:
 
 
 def _finish_root(root: Path) -> None:
-    """User 1000 (jovyan) with a home and /workspace, as in the Dockerfile; trim docs."""
-    with open(root / "etc/passwd", "a") as f:
-        f.write("jovyan:x:1000:1000::/home/jovyan:/bin/sh\n")
-    with open(root / "etc/group", "a") as f:
-        f.write("jovyan:x:1000:\n")
-    for d in ("home/jovyan", "workspace"):
-        (root / d).mkdir(parents=True, exist_ok=True)
-        os.chown(root / d, 1000, 1000)
+    """What the official python image has and a bare Debian root lacks: pip may
+    install into the system site (no PEP 668 marker).  The host's CA bundle and
+    pip settings come along, so that ``pip install`` in a build reaches the
+    package index the way the host does.  Docs and apt lists are trimmed."""
+    for marker in root.glob("usr/lib/python3*/EXTERNALLY-MANAGED"):
+        marker.unlink()
+    for src in HOST_TRUST:
+        if src.exists():
+            dest = root / src.relative_to("/")
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src, dest)
     for d in (
         "usr/share/doc",
         "usr/share/man",
@@ -339,7 +290,7 @@ def _finish_root(root: Path) -> None:
                     shutil.rmtree(child)
                 else:
                     child.unlink()
-    # debootstrap copies the host's resolv.conf; pods get theirs from the kubelet
+    # debootstrap copies the host's resolv.conf; builds and pods get their own
     (root / "etc/resolv.conf").unlink(missing_ok=True)
 
 
@@ -360,52 +311,6 @@ def _tar_bytes(entries: list[tuple[str, bytes | None, int]]) -> bytes:
                 ti.size = len(data)
                 tf.addfile(ti, io.BytesIO(data))
     return buf.getvalue()
-
-
-def _parents(path: str) -> list[str]:
-    parts = path.split("/")
-    return ["/".join(parts[: i + 1]) for i in range(len(parts) - 1)]
-
-
-def source_layer() -> Blob:
-    """jupyter_sandbox/ of this checkout plus a minimal dist-info (entry points)."""
-    ver = package_version()
-    entries: dict[str, tuple[bytes | None, int]] = {}
-
-    def add(path: str, data: bytes, mode: int = 0o644) -> None:
-        for d in _parents(path):
-            entries.setdefault(d, (None, 0o755))
-        entries[path] = (data, mode)
-
-    for f in source_files():
-        add(f"{PY_SITE}/{f.relative_to(REPO).as_posix()}", f.read_bytes())
-    di = f"{PY_SITE}/jupyter_sandbox-{ver}.dist-info"
-    meta = f"Metadata-Version: 2.1\nName: jupyter-sandbox\nVersion: {ver}\n"
-    add(f"{di}/METADATA", meta.encode())
-    add(f"{di}/INSTALLER", b"tests/cluster/images.py\n")
-    add(
-        f"{di}/entry_points.txt",
-        b"[jupyter_client.kernel_provisioners]\n"
-        b"sandbox-provisioner = "
-        b"jupyter_sandbox.kernel_provisioner.provisioner:SandboxProvisioner\n",
-    )
-    data = _tar_bytes([(p, d, m) for p, (d, m) in sorted(entries.items())])
-    return _store_bytes(data)
-
-
-def scripts_layer() -> Blob:
-    """``/usr/local/bin/<name>`` for each console script (what pip would write,
-    with the image's interpreter), e.g. ``jupyter-sandbox`` for the operator image."""
-    entries: list[tuple[str, bytes | None, int]] = [
-        ("usr", None, 0o755),
-        ("usr/local", None, 0o755),
-        ("usr/local/bin", None, 0o755),
-    ]
-    for name, target in sorted(console_scripts().items()):
-        mod, func = target.split(":", 1)
-        script = f"#!/usr/bin/python3\nimport sys\nfrom {mod} import {func}\nsys.exit({func}())\n"
-        entries.append((f"usr/local/bin/{name}", script.encode(), 0o755))
-    return _store_bytes(_tar_bytes(entries))
 
 
 def pause_layer() -> Blob:
@@ -483,52 +388,124 @@ def _write_image(repo: str, layers: list[Blob], config: dict, created_by: list[s
     return Image(name, archive)
 
 
-def runtime_image() -> Image:
-    base = base_layer()
-    src = source_layer()
+def python_image() -> Image:
+    """The local stand-in for the Dockerfiles' ``PYTHON_IMAGE``."""
     return _write_image(
-        RUNTIME_REPO,
-        [base, src],
+        PYTHON_REPO,
+        [base_layer()],
         {
-            "Env": [
-                "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-                "HOME=/home/jovyan",
-                "PYTHONUNBUFFERED=1",
-            ],
-            "User": "1000:1000",
-            "WorkingDir": "/workspace",
-            "Cmd": CMD,
-            "ExposedPorts": {"8888/tcp": {}},
+            "Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
+            "Cmd": ["python3"],
         },
-        [
-            f"debootstrap --variant=minbase {debian_suite()} + pip install (package dependencies)",
-            "jupyter_sandbox sources",
-        ],
+        [f"debootstrap --variant=minbase {debian_suite()} + {' '.join(DEBIAN_PACKAGES)}"],
     )
+
+
+def _buildah() -> list[str]:
+    """buildah with its own storage under the cache (vfs: works on any file system,
+    no fuse-overlayfs, no daemon)."""
+    if not shutil.which("buildah"):
+        raise RuntimeError("buildah not found (apt-get install buildah)")
+    d = cache_root() / "buildah"
+    return [
+        "buildah",
+        "--root",
+        str(d / "storage"),
+        "--runroot",
+        str(d / "run"),
+        "--storage-driver",
+        "vfs",
+    ]
+
+
+def _file_sha(p: Path) -> str:
+    return hashlib.sha256(p.read_bytes()).hexdigest()
+
+
+def dockerfile_image(dockerfile: str, repo: str, build_args: dict[str, str]) -> Image:
+    """``deploy/docker/<dockerfile>`` built by buildah from this checkout, on
+    :func:`python_image`, as an OCI archive for ``ctr images import``.  Cached by
+    the Dockerfile, the build arguments, the base and the files it copies."""
+    df = REPO / "deploy" / "docker" / dockerfile
+    base = python_image()
+    files = context_files(df)
+    key = _sha(
+        RECIPE_VERSION,
+        df.read_text(),
+        base.name,
+        json.dumps(build_args, sort_keys=True),
+        _read(REPO / ".dockerignore"),
+        *(f"{f.relative_to(REPO)}:{_file_sha(f)}" for f in files),
+    )[:16]
+    short = repo.rsplit("/", 1)[1]
+    name = f"{repo}:{key}"
+    archive = images_dir() / f"{short}-{key}.oci.tar"
+    if archive.exists():
+        return Image(name, archive)
+    buildah = _buildah()
+    layout = images_dir() / f"tmp-{short}-{key}"
+    shutil.rmtree(layout, ignore_errors=True)
+    t0 = time.monotonic()
+    args = [a for k, v in sorted(build_args.items()) for a in ("--build-arg", f"{k}={v}")]
+    log(f"buildah build -f deploy/docker/{dockerfile} {' '.join(args)}")
+    try:
+        subprocess.run(
+            [
+                *buildah,
+                "build",
+                "--quiet",
+                "--isolation",
+                "chroot",
+                "--build-arg",
+                f"PYTHON_IMAGE=oci-archive:{base.archive}",
+                *args,
+                "-f",
+                str(df),
+                "-t",
+                name,
+                str(REPO),
+            ],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
+        t1 = time.monotonic()
+        subprocess.run(
+            [*buildah, "push", "--quiet", name, f"oci:{layout}:{name}"],
+            check=True,
+        )
+        index_file = layout / "index.json"
+        index = json.loads(index_file.read_text())
+        for m in index["manifests"]:
+            m.setdefault("annotations", {})["io.containerd.image.name"] = name
+        index_file.write_text(json.dumps(index))
+        tmp = archive.with_suffix(".tmp")
+        with tarfile.open(tmp, "w", format=tarfile.PAX_FORMAT) as tf:
+            for f in sorted(p for p in layout.rglob("*") if p.is_file()):
+                tf.add(str(f), arcname=f.relative_to(layout).as_posix())
+        os.replace(tmp, archive)
+        log(
+            f"{short}: built in {t1 - t0:.0f}s, exported in {time.monotonic() - t1:.0f}s, "
+            f"{archive.stat().st_size >> 20} MiB (gzip layers)"
+        )
+    finally:
+        subprocess.run([*buildah, "rmi", "--force", name], capture_output=True, check=False)
+        shutil.rmtree(layout, ignore_errors=True)
+    for old in images_dir().glob(f"{short}-*.oci.tar"):
+        if old != archive:
+            old.unlink(missing_ok=True)
+    return Image(name, archive)
+
+
+def runtime_image() -> Image:
+    """``deploy/docker/Dockerfile.runtime`` without its everyday notebook
+    libraries (``EXTRA_PACKAGES``): the tests need none of them."""
+    return dockerfile_image("Dockerfile.runtime", RUNTIME_REPO, {"EXTRA_PACKAGES": ""})
 
 
 def operator_image() -> Image:
-    """What ``deploy/docker/Dockerfile.operator`` builds: all dependencies, the
-    package with its console scripts, user 65532, ``jupyter-sandbox operator``
-    (the router Deployment runs ``jupyter-sandbox router`` in the same image)."""
-    return _write_image(
-        OPERATOR_REPO,
-        [base_layer(full=True), source_layer(), scripts_layer()],
-        {
-            "Env": [
-                "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-                "PYTHONUNBUFFERED=1",
-            ],
-            "User": "65532:65532",
-            "Cmd": ["jupyter-sandbox", "operator"],
-            "ExposedPorts": {"8080/tcp": {}},
-        },
-        [
-            f"debootstrap --variant=minbase {debian_suite()} + pip install (all dependencies)",
-            "jupyter_sandbox sources",
-            "console scripts",
-        ],
-    )
+    """``deploy/docker/Dockerfile.operator``: ``jupyter-sandbox operator``, and
+    ``jupyter-sandbox router`` for the router Deployment."""
+    return dockerfile_image("Dockerfile.operator", OPERATOR_REPO, {})
 
 
 def pause_image() -> Image:
@@ -546,7 +523,12 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     for w in a.which:
         t0 = time.monotonic()
-        img = {"pause": pause_image, "runtime": runtime_image, "operator": operator_image}[w]()
+        img = {
+            "pause": pause_image,
+            "python": python_image,
+            "runtime": runtime_image,
+            "operator": operator_image,
+        }[w]()
         log(f"{w}: {img.name} ({time.monotonic() - t0:.1f}s)")
         print(img.name, img.archive)
     return 0

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Everything the real-node tests need, then the tests (for CI; idempotent, cached):
-#   Debian packages runc, containernetworking-plugins, debootstrap, iptables
+#   Debian packages runc, containernetworking-plugins, debootstrap, iptables, buildah
 #   build.sh --node (kubelet, kube-proxy, containerd v2, pause), the images
-#   (pause, runtime, operator), pytest -m node,
+#   (pause; runtime and operator built by buildah from deploy/docker), pytest -m node,
 #   and a final sweep so that no node of a killed run is left behind.
 # Needs root.  Extra arguments go to pytest.
 set -euo pipefail
@@ -15,6 +15,7 @@ command -v runc >/dev/null || [[ -x /usr/sbin/runc ]] || pkgs="$pkgs runc"
 [[ -x /usr/lib/cni/bridge || -x /opt/cni/bin/bridge ]] || pkgs="$pkgs containernetworking-plugins"
 command -v iptables-restore >/dev/null || [[ -x /usr/sbin/iptables-restore ]] || pkgs="$pkgs iptables"
 command -v debootstrap >/dev/null || [[ -x /usr/sbin/debootstrap ]] || pkgs="$pkgs debootstrap"
+command -v buildah >/dev/null || pkgs="$pkgs buildah"
 if [[ -n "$pkgs" ]]; then
     echo "[node-tests] apt-get install$pkgs" >&2
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $pkgs >/dev/null

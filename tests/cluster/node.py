@@ -15,7 +15,8 @@ kwok, which would otherwise claim the node) as one node that runs real pods:
   cgroup v1 host, its own cgroup root, pod logs, root and cert dirs in the work
   directory, ``makeIPTablesUtilChains: false``), authenticating with the
   control plane's static token;
-* the pause and runtime images from :mod:`tests.cluster.images`, imported with
+* the pause, runtime and operator images from :mod:`tests.cluster.images` (the
+  latter two built from ``deploy/docker`` by buildah), imported with
   ``ctr -n k8s.io images import``.
 
 :meth:`Node.stop` (and :func:`teardown` from a state file) is idempotent and
@@ -119,7 +120,7 @@ def missing_node_parts() -> list[str]:
         out.append("kube-proxy (tests/cluster/build.sh --node)")
     if not shutil.which("iptables-restore", path=SYSTEM_PATH):
         out.append("iptables (apt-get install iptables)")
-    for tool in ("ip", "debootstrap", "tar"):
+    for tool in ("ip", "debootstrap", "tar", "buildah"):
         if not shutil.which(tool) and not shutil.which(tool, path="/usr/sbin:/sbin"):
             out.append(f"{tool} (apt-get install {'iproute2' if tool == 'ip' else tool})")
     if os.geteuid() != 0:

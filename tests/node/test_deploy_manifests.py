@@ -1,7 +1,7 @@
 """``deploy/`` as users apply it, on the real node: the operator and the router run
 as the Deployments of the manifests (in-cluster config through the ``kubernetes``
 Service, which kube-proxy maps to the API server on the node's bridge address),
-in the image ``deploy/docker/Dockerfile.operator`` describes (built here by
+in the image ``deploy/docker/Dockerfile.operator`` builds (built here by buildah,
 ``tests/cluster/images.py``).  Then the example pool serves a claim, and the
 kernel provisioner (Kubernetes backend) runs a notebook cell through the router
 pod: suspend, resume with the workspace file, shutdown.
