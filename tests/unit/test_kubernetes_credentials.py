@@ -10,6 +10,10 @@ import yaml
 
 from jupyter_sandbox import kubernetes_credentials as credentials
 
+# The loaders are the official client's: the ``kubernetes`` extra (a local-only
+# install, such as the ordinary user's test environment, has none).
+pytest.importorskip("kubernetes")
+
 
 def _service_account(tmp_path: Path, token: str = "sa-token", namespace: str = "team") -> Path:
     sa = tmp_path / "serviceaccount"
