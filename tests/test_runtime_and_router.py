@@ -663,3 +663,33 @@ async def test_a_bridge_on_the_runtimes_socket_survives_a_dropped_connection(
         assert reply["content"]["status"] == "ok"
         text = "".join(m["content"]["text"] for m in printed if m["msg_type"] == "stream")
         assert text.split() == [str(i) for i in range(lines)]
+
+
+async def test_a_bridge_reuses_large_buffers_without_mixing_them(
+    runtime: dict[str, Any],
+) -> None:
+    """Large outputs arrive in receive buffers the bridge uses again once ZMQ has sent
+    them on: every output must still arrive whole and as the kernel made it."""
+    endpoint = Endpoint("http://127.0.0.1:9", NS, "box-a", unix_socket=runtime["socket"])
+    sizes = [3_000_000, 2_600_000, 3_000_000, 2_900_000, 2_700_000, 3_000_000]
+    async with bridged_client() as (bridge, kc):
+        bridge.connect(endpoint)
+        await kc.wait_for_ready(timeout=30)
+        received: list[bytes] = []
+
+        def keep(msg: dict[str, Any]) -> None:
+            if msg["msg_type"] == "comm_open":
+                received.extend(bytes(buffer) for buffer in msg["buffers"])
+
+        code = (
+            "import time\nfrom comm import create_comm\n"
+            f"for i, size in enumerate({sizes!r}):\n"
+            "    create_comm(target_name='t', buffers=[bytes([i]) * size])\n"
+            "    time.sleep(0.2)"
+        )
+        reply = await kc.execute_interactive(code, output_hook=keep, timeout=60)
+        assert reply["content"]["status"] == "ok"
+        assert [len(b) for b in received] == sizes
+        for index, buffer in enumerate(received):
+            assert buffer == bytes([index]) * sizes[index], f"output {index} was changed"
+        assert bridge._receive_buffers.reused > 0, "the bridge never used a buffer again"

@@ -37,6 +37,7 @@ from ..protocol.messages import DELIM, header, parent_msg_id, sign, split_zmq, v
 from ..protocol.zmqsend import send_now
 from ..router.upstreams import UnixSocketResolver, Upstream
 from . import ws_client
+from .receive_buffers import ReceiveBuffers
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +76,7 @@ class Bridge:
         self._tasks: list[asyncio.Task[None]] = []
         self._routes: OrderedDict[str, bytes] = OrderedDict()  # request msg_id -> client identity
         self._pending: deque[bytes] = deque()
+        self._receive_buffers = ReceiveBuffers()
         self._endpoint: Endpoint | None = None
         self._ws: websocket.WebSocketClientConnection | None = None
         self._connector: asyncio.Task[None] | None = None
@@ -278,6 +280,7 @@ class Bridge:
                     resolver=resolver,
                     subprotocols=[framing.SUBPROTOCOL],
                     max_message_size=MAX_WS_MESSAGE,
+                    receive_buffers=self._receive_buffers,
                     on_message_callback=self._from_sandbox,
                     ping_interval=20,
                     ping_timeout=20,
@@ -333,7 +336,9 @@ class Bridge:
         signature = sign(self.key, parts)
         if channel == "iopub":
             sock = self._sockets["iopub"]
-            send_now(sock, [b"kernel.iopub", DELIM, signature, *parts])
+            self._sent(
+                message, send_now(sock, [b"kernel.iopub", DELIM, signature, *parts], track=True)
+            )
             return
         parent = parent_msg_id(parts)
         ident = self._routes.get(parent) if parent else None
@@ -344,7 +349,14 @@ class Bridge:
             self._routes.pop(parent or "", None)
         reply_socket = self._sockets.get(channel)
         if reply_socket is not None:
-            send_now(reply_socket, [ident, DELIM, signature, *parts])
+            self._sent(
+                message, send_now(reply_socket, [ident, DELIM, signature, *parts], track=True)
+            )
+
+    def _sent(self, message: bytes, trackers: list[zmq.MessageTracker] | None) -> None:
+        # A large message's buffer takes the next one once ZMQ is done with it.
+        if trackers is not None:
+            self._receive_buffers.recycle(message, trackers)
 
     def _on_event(self, parts: list[memoryview]) -> None:
         try:

@@ -15,8 +15,14 @@ _recheck_events: Callable[[zmq.asyncio.Socket], None] = getattr(  # noqa: B009
 )
 
 
-def send_now(sock: zmq.asyncio.Socket, frames: Sequence[bytes | memoryview]) -> None:
+def send_now(
+    sock: zmq.asyncio.Socket, frames: Sequence[bytes | memoryview], *, track: bool = False
+) -> list[zmq.MessageTracker] | None:
     """A direct non-blocking send; only a full queue falls back to the awaitable path.
+
+    ``track``: return a tracker for each frame ZMQ sends without copying (those of
+    ``sock.copy_threshold`` bytes and more), done once ZMQ no longer needs its
+    memory; None when the send fell back (the frames' memory stays in use).
 
     zmq.asyncio's send_multipart builds futures and registers events for every
     frame, which costs more than the send itself at a kernel's message rate.
@@ -25,16 +31,27 @@ def send_now(sock: zmq.asyncio.Socket, frames: Sequence[bytes | memoryview]) -> 
     ipykernel 7 met the same edge in its shell channel (ipykernel#1529).
     """
     last = len(frames) - 1
+    threshold = sock.copy_threshold
+    trackers: list[zmq.MessageTracker] = []
+
+    def send(index: int, flags: int) -> None:
+        frame = frames[index]
+        tracked = track and len(frame) >= threshold
+        sent = _send(sock, frame, flags, copy=False, track=tracked)
+        if tracked:
+            trackers.append(sent)
+
     try:
-        _send(sock, frames[0], zmq.NOBLOCK | (zmq.SNDMORE if last else 0), copy=False)
+        send(0, zmq.NOBLOCK | (zmq.SNDMORE if last else 0))
     except zmq.Again:
         sock.send_multipart(frames, copy=False)
-        return
+        return None
     # Once the first part is queued the message is accepted whole (zmq delivers
     # all parts or none), so the rest cannot meet a full queue.
     for index in range(1, last + 1):
-        _send(sock, frames[index], zmq.SNDMORE if index < last else 0, copy=False)
+        send(index, zmq.SNDMORE if index < last else 0)
     # libzmq's notification fd is edge-triggered and this send, unseen by
     # zmq.asyncio, may have consumed the edge announcing an incoming message: have
     # zmq.asyncio look at the socket's events again, or a pending receive sleeps.
     _recheck_events(sock)
+    return trackers
