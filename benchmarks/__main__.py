@@ -24,7 +24,7 @@ async def local_figures(args: argparse.Namespace) -> list[Figure]:
     from jupyter_sandbox.control_plane.local.client import LocalControlPlane
     from jupyter_sandbox.kernelspec import install_kernelspec
 
-    from . import kernel_state, kernels, server_path
+    from . import browser_path, kernel_state, kernels, server_path
 
     prefix = tempfile.mkdtemp(prefix="bench-kernels-")
     install_kernelspec("bench", prefix=prefix, name=kernels.SANDBOX)
@@ -43,14 +43,26 @@ async def local_figures(args: argparse.Namespace) -> list[Figure]:
         figures.append(await kernels.start_to_ready(plane, args.reps))
         figures.append(await kernels.start_in_notebook_dir(args.reps))
         figures.append(await kernels.execute_round_trip(plane, args.round_trips))
-        figures.append(
-            await server_path.server_round_trip(
-                kernels.SANDBOX,
-                kernels.PLAIN,
-                args.round_trips,
-                settle=lambda: kernels.wait_pool_warm(plane, "bench"),
-            )
+        figures += await server_path.server_figures(
+            kernels.SANDBOX,
+            kernels.PLAIN,
+            args.round_trips,
+            args.megabytes,
+            max(1, args.reps // 3),
+            settle=lambda: kernels.wait_pool_warm(plane, "bench"),
         )
+        reason = browser_path.unavailable_reason()
+        if reason:
+            print(f"skipping the chromium figure: {reason}")
+        else:
+            figures.append(
+                await browser_path.browser_round_trip(
+                    kernels.SANDBOX,
+                    kernels.PLAIN,
+                    args.round_trips,
+                    settle=lambda: kernels.wait_pool_warm(plane, "bench"),
+                )
+            )
         figures += await kernels.output_throughput(plane, args.megabytes, max(1, args.reps // 3))
         figures.append(await kernels.resume_vs_cold(plane, max(1, args.reps // 2)))
         figures += await kernel_state.state_figures(

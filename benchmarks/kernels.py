@@ -150,8 +150,8 @@ async def _throughput(kc: Any, code: str, expected_bytes: int) -> float:
     return expected_bytes / elapsed / 1e6
 
 
-async def output_throughput(plane: LocalControlPlane, megabytes: int, reps: int) -> list[Figure]:
-    size = megabytes * 1_000_000
+def output_cells(size: int) -> list[tuple[str, str]]:
+    """(label, code) of the cells that print ``size`` bytes and send them as a comm buffer."""
     printing = (
         f"import sys\nchunk = 'x' * 999 + '\\n'\n"
         f"for _ in range({size // 1000}):\n    sys.stdout.write(chunk)\nsys.stdout.flush()"
@@ -160,13 +160,18 @@ async def output_throughput(plane: LocalControlPlane, megabytes: int, reps: int)
         "from comm import create_comm\n"
         f"c = create_comm(target_name='bench', buffers=[b'\\x00' * {size}])"
     )
+    return [("print", printing), ("binary buffer", buffer)]
+
+
+async def output_throughput(plane: LocalControlPlane, megabytes: int, reps: int) -> list[Figure]:
+    size = megabytes * 1_000_000
     await wait_pool_warm(plane, "bench")
     _, skm, skc = await start_ready(SANDBOX)
     _, pkm, pkc = await start_ready(PLAIN)
     await wait_pool_warm(plane, "bench")  # the pool's replacement has started
     figures = []
     try:
-        for label, code in (("print", printing), ("binary buffer", buffer)):
+        for label, code in output_cells(size):
             sandbox = Series("sandbox", "MB/s")
             plain = Series("plain ipykernel", "MB/s")
             for _ in range(reps):

@@ -59,8 +59,9 @@ def wrk(url: str, connections: int, seconds: int, headers: dict[str, str]) -> tu
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
     p99 = re.search(r"99%\s+([\d.]+)(us|ms|s)", out)
     assert p99 is not None, out
-    value, unit = float(p99.group(1)), p99.group(2)
-    ms = value / 1000 if unit == "us" else value * 1000 if unit == "s" else value
+    amount = float(p99.group(1))
+    unit = p99.group(2)
+    ms = amount / 1000 if unit == "us" else amount * 1000 if unit == "s" else amount
     return rps, ms
 
 

@@ -25,6 +25,7 @@ from jupyter_server.services.kernels.connection.base import (
 )
 from tornado import httpclient, websocket
 
+from .kernels import output_cells
 from .ports import free_port
 from .stats import Figure, Series
 
@@ -49,6 +50,9 @@ class _Server:
                 f"--IdentityProvider.token={self.token}",
                 f"--ServerApp.root_dir={self.root}",
                 f"--ServerApp.kernel_manager_class={MANAGER}",
+                # Its default IOPub limit (1 MB/s of stream output) would be what a
+                # 50 MB print measures, sandboxed or not.
+                "--ZMQChannelsWebsocketConnection.limit_rate=False",
                 "--allow-root",
             ],
             stdout=self.log,
@@ -106,6 +110,10 @@ class _Tab:
 
     async def execute(self, code: str) -> float:
         """Seconds from sending the request to the kernel's idle status after it."""
+        return (await self.execute_counting(code))[0]
+
+    async def execute_counting(self, code: str) -> tuple[float, int]:
+        """Seconds to idle, and the bytes of output (stream text, comm buffers) received."""
         assert self.ws is not None
         msg_id = uuid.uuid4().hex
         msg = {
@@ -125,6 +133,7 @@ class _Tab:
         frame = serialize_msg_to_ws_v1(msg, "shell", lambda part: json.dumps(part).encode())
         self.ws.write_message(frame, binary=True)
         replied = idle = False
+        output = 0
         while not (replied and idle):
             raw = await asyncio.wait_for(self.ws.read_message(), 120)
             if raw is None:
@@ -135,21 +144,31 @@ class _Tab:
             if json.loads(parts[1]).get("msg_id") != msg_id:
                 continue
             head = json.loads(parts[0])
+            if head["msg_type"] == "stream":
+                output += len(json.loads(parts[3])["text"])
+            elif head["msg_type"] == "comm_open":
+                output += sum(len(buffer) for buffer in parts[4:])
             if channel == "shell" and head["msg_type"] == "execute_reply":
                 replied = True
             elif head["msg_type"] == "status":
                 idle = json.loads(parts[3]).get("execution_state") == "idle"
-        return time.perf_counter() - started
+        return time.perf_counter() - started, output
 
     def close(self) -> None:
         if self.ws is not None:
             self.ws.close()
 
 
-async def server_round_trip(
-    sandbox_kernel: str, plain_kernel: str, reps: int, settle: Callable[[], Awaitable[None]]
-) -> Figure:
-    """`pass` from a kernel WebSocket client to idle, sandboxed vs plain, one server.
+async def server_figures(
+    sandbox_kernel: str,
+    plain_kernel: str,
+    reps: int,
+    megabytes: int,
+    throughput_reps: int,
+    settle: Callable[[], Awaitable[None]],
+) -> list[Figure]:
+    """Round trip and output throughput from a kernel WebSocket client, sandboxed vs
+    plain, on one server.
 
     ``settle`` returns once the pool has replaced the sandbox the claim took.
     """
@@ -173,13 +192,35 @@ async def server_round_trip(
                 sandbox.values.append(await sandbox_tab.execute("pass") * 1000)
             for _ in range(10):
                 plain.values.append(await plain_tab.execute("pass") * 1000)
+        figures = [
+            Figure(
+                "execute round trip of `pass`, kernel WebSocket through jupyter_server",
+                sandbox,
+                plain,
+                "<= 1.2x",
+            )
+        ]
+        size = megabytes * 1_000_000
+        for label, code in output_cells(size):
+            sandbox, plain = Series("sandbox", "MB/s"), Series("plain ipykernel", "MB/s")
+            for _ in range(throughput_reps):
+                for tab, series in ((sandbox_tab, sandbox), (plain_tab, plain)):
+                    seconds, received = await tab.execute_counting(code)
+                    if received < size * 0.99:
+                        raise RuntimeError(f"{label}: {received} of {size} bytes arrived")
+                    series.values.append(size / seconds / 1e6)
+            figures.append(
+                Figure(
+                    f"output throughput, {megabytes} MB {label}, kernel WebSocket through "
+                    "jupyter_server",
+                    sandbox,
+                    plain,
+                    ">= 0.8x",
+                    higher_is_better=True,
+                )
+            )
     finally:
         for tab in tabs:
             tab.close()
         server.stop()
-    return Figure(
-        "execute round trip of `pass`, kernel WebSocket through jupyter_server",
-        sandbox,
-        plain,
-        "<= 1.2x",
-    )
+    return figures
