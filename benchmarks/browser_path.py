@@ -11,23 +11,17 @@ No rendering is timed (a frame is 16 ms, far more than the path itself).
 
 from __future__ import annotations
 
-import asyncio
-import json
 import os
 import shutil
-import socket
-import subprocess
-import sys
 import tempfile
-import time
-import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from .ports import free_port
+from tornado import httpclient
+
+from .server_path import Server
 from .stats import Figure, Series
 
-MANAGER = "jupyter_sandbox.kernel_provisioner.manager.SandboxKernelManager"
 CHROMIUM = os.environ.get("JUPYTER_SANDBOX_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run"]
 
@@ -76,42 +70,22 @@ async def browser_round_trip(
     """`pass` from JupyterLab's kernel connection in chromium, sandboxed vs plain."""
     from playwright.async_api import async_playwright
 
-    port, token = free_port(), uuid.uuid4().hex
-    root = tempfile.mkdtemp(prefix="bench-lab-")
+    settings = tempfile.mkdtemp(prefix="bench-lab-settings-")
     env = {
         **os.environ,
-        "JUPYTERLAB_SETTINGS_DIR": os.path.join(root, "settings"),
-        "JUPYTERLAB_WORKSPACES_DIR": os.path.join(root, "workspaces"),
+        "JUPYTERLAB_SETTINGS_DIR": os.path.join(settings, "settings"),
+        "JUPYTERLAB_WORKSPACES_DIR": os.path.join(settings, "workspaces"),
     }
-    with open(os.path.join(root, "jupyterlab.log"), "wb") as log:
-        lab = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "jupyterlab",
-                "--no-browser",
-                f"--port={port}",
-                "--ServerApp.ip=127.0.0.1",
-                f"--IdentityProvider.token={token}",
-                f"--ServerApp.root_dir={root}",
-                f"--ServerApp.kernel_manager_class={MANAGER}",
-                "--LabApp.expose_app_in_browser=True",
-                "--LabApp.news_url=",
-                "--allow-root",
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-        )
+    lab = Server("jupyterlab", "--LabApp.expose_app_in_browser=True", "--LabApp.news_url=", env=env)
     try:
-        await _wait_listening(port, lab)
+        await lab.wait_up()
         async with async_playwright() as pw:
             browser = await pw.chromium.launch(
                 executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS
             )
             try:
                 page = await browser.new_page()
-                await page.goto(f"http://127.0.0.1:{port}/lab?token={token}")
+                await page.goto(f"{lab.url}/lab?token={lab.token}")
                 await page.wait_for_function(
                     "() => window.jupyterapp && window.jupyterapp.serviceManager", timeout=120_000
                 )
@@ -129,13 +103,12 @@ async def browser_round_trip(
             finally:
                 await browser.close()
     finally:
-        await _shutdown_kernels(port, token)
-        lab.terminate()
         try:
-            lab.wait(30)
-        except subprocess.TimeoutExpired:
-            lab.kill()
-        shutil.rmtree(root, ignore_errors=True)
+            await lab.shutdown_kernels()
+        except (OSError, httpclient.HTTPError, ValueError):
+            pass  # the server's exit shuts them down too
+        lab.stop()
+        shutil.rmtree(settings, ignore_errors=True)
     return Figure(
         "execute round trip of `pass`, JupyterLab's kernel connection in chromium",
         sandbox,
@@ -149,32 +122,3 @@ async def _run(page: Any, name: str, count: int) -> list[float]:
         "([name, count]) => window.__benchRun(name, count, 'pass')", [name, count]
     )
     return [float(t) for t in times]
-
-
-async def _wait_listening(port: int, proc: subprocess.Popen[bytes], timeout: float = 90) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
-                return
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("JupyterLab did not start") from None
-            await asyncio.sleep(0.2)
-
-
-async def _shutdown_kernels(port: int, token: str) -> None:
-    """Release the sandbox claim now rather than when the server's exit gets to it."""
-    from tornado import httpclient
-
-    client = httpclient.AsyncHTTPClient()
-    url = f"http://127.0.0.1:{port}/api/kernels"
-    headers = {"Authorization": f"token {token}"}
-    try:
-        kernels = json.loads((await client.fetch(url, headers=headers)).body)
-        for kernel in kernels:
-            await client.fetch(
-                f"{url}/{kernel['id']}", method="DELETE", headers=headers, request_timeout=60
-            )
-    except (OSError, httpclient.HTTPError, ValueError):
-        pass

@@ -33,8 +33,12 @@ MANAGER = "jupyter_sandbox.kernel_provisioner.manager.SandboxKernelManager"
 V1 = "v1.kernel.websocket.jupyter.org"
 
 
-class _Server:
-    def __init__(self) -> None:
+class Server:
+    """A Jupyter server (or JupyterLab: ``app="jupyterlab"``) with the sandbox kernel manager."""
+
+    def __init__(
+        self, app: str = "jupyter_server", *extra: str, env: dict[str, str] | None = None
+    ) -> None:
         self.port = free_port()
         self.token = uuid.uuid4().hex
         self.root = tempfile.mkdtemp(prefix="bench-server-")
@@ -43,7 +47,7 @@ class _Server:
             [
                 sys.executable,
                 "-m",
-                "jupyter_server",
+                app,
                 "--no-browser",
                 f"--port={self.port}",
                 "--ServerApp.ip=127.0.0.1",
@@ -54,9 +58,11 @@ class _Server:
                 # 50 MB print measures, sandboxed or not.
                 "--ZMQChannelsWebsocketConnection.limit_rate=False",
                 "--allow-root",
+                *extra,
             ],
             stdout=self.log,
             stderr=subprocess.STDOUT,
+            env=env,
         )
         self.url = f"http://127.0.0.1:{self.port}"
 
@@ -81,6 +87,11 @@ class _Server:
         )
         return json.loads(response.body) if response.body else None
 
+    async def shutdown_kernels(self) -> None:
+        """Release the sandbox claims now rather than when the server's exit gets to them."""
+        for kernel in await self.request("GET", "/api/kernels"):
+            await self.request("DELETE", f"/api/kernels/{kernel['id']}")
+
     def stop(self) -> None:
         self.proc.terminate()
         try:
@@ -93,7 +104,7 @@ class _Server:
 class _Tab:
     """One kernel WebSocket in the v1 subprotocol, as JupyterLab opens it."""
 
-    def __init__(self, server: _Server, kernel_id: str) -> None:
+    def __init__(self, server: Server, kernel_id: str) -> None:
         self.server, self.kernel_id, self.session = server, kernel_id, uuid.uuid4().hex
         self.ws: websocket.WebSocketClientConnection | None = None
 
@@ -172,7 +183,7 @@ async def server_figures(
 
     ``settle`` returns once the pool has replaced the sandbox the claim took.
     """
-    server = _Server()
+    server = Server()
     tabs: list[_Tab] = []
     try:
         await server.wait_up()
