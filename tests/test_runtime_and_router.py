@@ -25,11 +25,11 @@ from jupyter_sandbox.control_plane.base import Endpoint
 from jupyter_sandbox.kernel_provisioner.bridge import Bridge
 from jupyter_sandbox.protocol import framing
 from jupyter_sandbox.protocol.messages import header, parent_msg_id
+from jupyter_sandbox.protocol.ws_frames import frame_header
 from jupyter_sandbox.router.app import make_router_app
 from jupyter_sandbox.router.settings import RouterContext
 from jupyter_sandbox.router.tokens import Scope, TokenAuthority
 from jupyter_sandbox.router.upstreams import Upstream
-from jupyter_sandbox.runtime.handlers import websocket_frame_header
 
 NS = "team-a"
 
@@ -511,7 +511,7 @@ async def test_output_while_disconnected_is_replayed(router: dict[str, Any]) -> 
 
 @pytest.mark.parametrize("size", [0, 125, 126, 65_535, 65_536, 3 << 40])
 def test_runtime_frame_header_is_rfc6455(size: int) -> None:
-    head = websocket_frame_header(size)
+    head = frame_header(size)
     assert head[0] == 0x82, "FIN and the binary opcode, no reserved bits"
     assert head[1] & 0x80 == 0, "a server never masks"
     length = head[1] & 0x7F

@@ -7,14 +7,12 @@ import json
 import logging
 import os
 import signal
-import struct
 from contextlib import aclosing
 from typing import Any
 
 from tornado import web, websocket
-from tornado.iostream import StreamClosedError
 
-from ..protocol import framing
+from ..protocol import framing, ws_frames
 from . import commands
 from .kernel_host import KernelNotRunning, KernelStateError
 from .kernel_state import discard as discard_state
@@ -27,9 +25,6 @@ log = logging.getLogger(__name__)
 
 DEFAULT_STATE_BYTES = 1 << 30
 DEFAULT_STATE_TIMEOUT = 60.0
-
-# Frames at least this big skip tornado's write_message (which copies them twice).
-DIRECT_WRITE_BYTES = 64 * 1024
 
 
 class BaseHandler(web.RequestHandler):
@@ -163,23 +158,8 @@ class ChannelsHandler(websocket.WebSocketHandler):
         self.runtime.hub.attach(self, self.get_query_argument("last", None))
 
     def send_frame(self, frame: framing.Pieces) -> None:
-        connection = self.ws_connection
-        if connection is None or connection.is_closing():
-            return
-        if frame.size < DIRECT_WRITE_BYTES:
-            self.write_message(b"".join(frame.pieces), binary=True)
-            return
-        # A large output goes out as a header and its pieces, never joined: tornado's
-        # write_message would copy it twice. Nothing is negotiated (no compression),
-        # so an unmasked binary frame is exactly what write_message would send.
-        stream = connection.stream
-        if stream is None:
-            return
-        try:
-            for piece in (websocket_frame_header(frame.size), *frame.pieces):
-                stream.write(piece).add_done_callback(_ignore_closed)
-        except StreamClosedError:
-            return
+        # A large output goes out as its pieces, never joined (nothing is negotiated).
+        ws_frames.write_binary(self, frame.pieces)
 
     def on_message(self, message: str | bytes) -> None:
         if isinstance(message, str):
@@ -201,20 +181,6 @@ class ChannelsHandler(websocket.WebSocketHandler):
 
     def on_close(self) -> None:
         self.runtime.hub.detach(self)
-
-
-def websocket_frame_header(size: int) -> bytes:
-    """RFC 6455 header of one final, unmasked binary frame of ``size`` bytes."""
-    if size < 126:
-        return struct.pack("!BB", 0x82, size)
-    if size < 1 << 16:
-        return struct.pack("!BBH", 0x82, 126, size)
-    return struct.pack("!BBQ", 0x82, 127, size)
-
-
-def _ignore_closed(future: asyncio.Future[None]) -> None:
-    if not future.cancelled():
-        future.exception()  # a client that went away; its on_close detaches it
 
 
 class ExecuteHandler(BaseHandler):
