@@ -129,13 +129,24 @@ class ExecResult:
         )
 
 
-class KernelSocket:
-    """The kernel WebSocket of jupyter_server (JSON protocol), like a browser tab."""
+V1_PROTOCOL = "v1.kernel.websocket.jupyter.org"
 
-    def __init__(self, server: Server, kernel_id: str) -> None:
+
+class KernelSocket:
+    """The kernel WebSocket of jupyter_server, like a browser tab.
+
+    ``protocol="v1"`` is JupyterLab's binary framing (what its tabs speak);
+    ``"json"`` is the older JSON protocol, which other clients still use.
+    """
+
+    def __init__(
+        self, server: Server, kernel_id: str, protocol: str = "v1", session: str | None = None
+    ) -> None:
+        assert protocol in ("v1", "json")
         self.server = server
         self.kernel_id = kernel_id
-        self.session = uuid.uuid4().hex
+        self.protocol = protocol
+        self.session = session or uuid.uuid4().hex
         self.ws: websocket.WebSocketClientConnection | None = None
         self.seen: list[dict[str, Any]] = []
 
@@ -145,7 +156,12 @@ class KernelSocket:
             f"{url}/api/kernels/{self.kernel_id}/channels?session_id={self.session}",
             headers=self.server.headers(),
         )
-        self.ws = await websocket.websocket_connect(request, max_message_size=1 << 30)
+        self.ws = await websocket.websocket_connect(
+            request,
+            max_message_size=1 << 30,
+            subprotocols=[V1_PROTOCOL] if self.protocol == "v1" else None,
+        )
+        assert self.ws.selected_subprotocol == (V1_PROTOCOL if self.protocol == "v1" else None)
         return self
 
     def close(self) -> None:
@@ -170,7 +186,13 @@ class KernelSocket:
             "channel": channel,
             "buffers": [],
         }
-        self.ws.write_message(json.dumps(msg))
+        if self.protocol == "v1":
+            from jupyter_server.services.kernels.connection.base import serialize_msg_to_ws_v1
+
+            frame = serialize_msg_to_ws_v1(msg, channel, lambda part: json.dumps(part).encode())
+            self.ws.write_message(frame, binary=True)
+        else:
+            self.ws.write_message(json.dumps(msg))
         return msg_id
 
     async def recv(self, timeout: float) -> dict[str, Any]:
@@ -178,7 +200,26 @@ class KernelSocket:
         raw = await asyncio.wait_for(self.ws.read_message(), timeout)
         if raw is None:
             raise ConnectionError("kernel websocket closed")
-        if isinstance(raw, bytes):
+        if self.protocol == "v1":
+            from jupyter_server.services.kernels.connection.base import (
+                deserialize_msg_from_ws_v1,
+            )
+
+            assert isinstance(raw, bytes), "v1 frames are binary"
+            channel, parts = deserialize_msg_from_ws_v1(raw)
+            msg = {
+                "channel": channel,
+                **{
+                    name: json.loads(part)
+                    for name, part in zip(
+                        ("header", "parent_header", "metadata", "content"), parts, strict=False
+                    )
+                },
+                "buffers": parts[4:],
+            }
+            msg["msg_type"] = msg["header"]["msg_type"]  # as jupyter_client's messages have
+            msg["msg_id"] = msg["header"]["msg_id"]
+        elif isinstance(raw, bytes):
             from jupyter_server.services.kernels.connection.base import (
                 deserialize_binary_message,
             )

@@ -12,6 +12,7 @@ import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import psutil
@@ -22,7 +23,7 @@ from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_sockets
 
 from jupyter_sandbox.control_plane.base import Endpoint
-from jupyter_sandbox.kernel_provisioner.bridge import Bridge
+from jupyter_sandbox.kernel_provisioner.bridge import Bridge, channels_request
 from jupyter_sandbox.protocol import framing
 from jupyter_sandbox.protocol.messages import header, parent_msg_id
 from jupyter_sandbox.protocol.ws_frames import frame_header
@@ -30,6 +31,7 @@ from jupyter_sandbox.router.app import make_router_app
 from jupyter_sandbox.router.settings import RouterContext
 from jupyter_sandbox.router.tokens import Scope, TokenAuthority
 from jupyter_sandbox.router.upstreams import Upstream
+from jupyter_sandbox.server_extension.direct_channels import DirectLink
 
 NS = "team-a"
 
@@ -693,3 +695,72 @@ async def test_a_bridge_reuses_large_buffers_without_mixing_them(
         for index, buffer in enumerate(received):
             assert buffer == bytes([index]) * sizes[index], f"output {index} was changed"
         assert bridge._receive_buffers.reused > 0, "the bridge never used a buffer again"
+
+
+async def test_a_direct_link_survives_a_dropped_connection(runtime: dict[str, Any]) -> None:
+    """A JupyterLab tab's link to the runtime (no ZMQ, no bridge) drops mid-cell: it
+    reconnects with ``?last=`` and the runtime replays, so nothing is lost or repeated,
+    and answers meant for other clients never reach the tab."""
+    endpoint = Endpoint("http://127.0.0.1:9", NS, "box-a", unix_socket=runtime["socket"])
+    # What a link reads of its kernel's session (the provisioner's SandboxSession).
+    session = SimpleNamespace(suspended=False, released=False, endpoint=endpoint)
+    link = DirectLink(session)  # type: ignore[arg-type]
+    await link.open()
+    other = await websocket.websocket_connect(
+        channels_request(endpoint, None)[0],
+        resolver=channels_request(endpoint, None)[1],
+        subprotocols=[framing.SUBPROTOCOL],
+    )
+    iopub: list[Any] = []
+    shell: list[Any] = []
+    link.streams["iopub"].on_recv(iopub.append)
+    link.streams["shell"].on_recv(shell.append)
+    lines = 3000  # printed without pause: a gap of a millisecond would lose some
+    msg_id, parts = kernel_message(
+        "execute_request",
+        {
+            "code": f"import time\nfor i in range({lines}):\n    print(i, flush=True)\n"
+            "    time.sleep(0.0003)",
+            "silent": False,
+        },
+    )
+    try:
+        for _ in range(100):  # the module's kernel may still be starting
+            link.send("shell", kernel_message("kernel_info_request", {})[1])
+            await asyncio.sleep(0.2)
+            if shell:
+                break
+        shell.clear()
+        link.send("shell", parts)
+        # another client's request: its answer is not the tab's
+        other_id, other_parts = kernel_message("kernel_info_request", {})
+        other.write_message(framing.encode("shell", other_parts), binary=True)
+        await asyncio.sleep(0.4)
+        assert link._ws is not None
+        link._ws.close()  # as a restarted router or a broken connection would
+
+        async def replied() -> bool:
+            return any(parent_msg_id(m.parts) == msg_id for m in shell)
+
+        await wait_until(replied, 60)
+        await asyncio.sleep(0.3)  # the idle status follows the reply
+    finally:
+        link.close()
+        other.close()
+    assert all(parent_msg_id(m.parts) != other_id for m in shell), "another client's reply"
+    text = "".join(
+        json.loads(m.parts[3])["text"]
+        for m in iopub
+        if header(m.parts)["msg_type"] == "stream" and parent_msg_id(m.parts) == msg_id
+    )
+    assert text.split() == [str(i) for i in range(lines)]
+    # Frames go on to the browser as the runtime sent them.
+    for message in iopub[:5]:
+        assert framing.decode(bytes(message.frame))[1] == [bytes(p) for p in message.parts]
+
+
+async def wait_until(predicate: Any, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not await predicate():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.05)

@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from jupyter_sandbox.control_plane.local.client import LocalControlPlane
+from jupyter_sandbox.control_plane.runtime_client import call
 
 from .helpers import (
     KernelSocket,
@@ -22,13 +24,18 @@ from .helpers import (
 pytestmark = pytest.mark.usefixtures("warm_daemon")
 
 
-async def test_execute_rich_output_stdin_buffers(tmp_path: Path) -> None:
+# v1: JupyterLab's framing, relayed straight to the runtime; json: through the bridge.
+PROTOCOLS = pytest.mark.parametrize("protocol", ["v1", "json"])
+
+
+@PROTOCOLS
+async def test_execute_rich_output_stdin_buffers(tmp_path: Path, protocol: str) -> None:
     with jupyter_server(tmp_path) as server:
         kernel_id = await start_kernel(server)
         claims = await claims_for(kernel_id)
         assert len(claims) == 1 and claims[0].phase == "Ready"
         assert claims[0].warm is True, "the kernel should start from a warm sandbox"
-        ws = await KernelSocket(server, kernel_id).connect()
+        ws = await KernelSocket(server, kernel_id, protocol).connect()
         try:
             result = await ws.execute("import os; print(os.getcwd()); 6 * 7")
             assert result.status == "ok"
@@ -116,14 +123,15 @@ async def test_interrupt_restart_and_shutdown(tmp_path: Path) -> None:
         await wait_for(workspace_gone, 15)
 
 
-async def test_cull_suspends_and_next_execute_resumes(tmp_path: Path) -> None:
+@PROTOCOLS
+async def test_cull_suspends_and_next_execute_resumes(tmp_path: Path, protocol: str) -> None:
     with jupyter_server(
         tmp_path,
         "--MappingKernelManager.cull_idle_timeout=3",
         "--MappingKernelManager.cull_interval=1",
     ) as server:
         kernel_id = await start_kernel(server)
-        ws = await KernelSocket(server, kernel_id).connect()
+        ws = await KernelSocket(server, kernel_id, protocol).connect()
         await ws.execute("open('kept.txt', 'w').write('still here'); y = 5")
         ws.close()
 
@@ -143,7 +151,7 @@ async def test_cull_suspends_and_next_execute_resumes(tmp_path: Path) -> None:
         kernels = await server.request("GET", "/api/kernels")
         assert kernel_id in [k["id"] for k in kernels], "a suspended kernel stays listed"
 
-        ws = await KernelSocket(server, kernel_id).connect()
+        ws = await KernelSocket(server, kernel_id, protocol).connect()
         try:
             result = await ws.execute(
                 "print(open('kept.txt').read(), 'y' in globals())", timeout=120
@@ -164,6 +172,76 @@ async def test_cull_suspends_and_next_execute_resumes(tmp_path: Path) -> None:
             ws.close()
         claim = (await claims_for(kernel_id))[0]
         assert claim.phase == "Ready"
+        await server.request("DELETE", f"/api/kernels/{kernel_id}", expect=204)
+
+
+async def test_jupyterlab_tabs_reach_the_runtime_directly_and_get_their_buffer_back(
+    tmp_path: Path,
+) -> None:
+    """A v1 tab has its own connection to the runtime (JSON tabs go through the bridge);
+    a tab that reconnects with its session gets what was said while it was away."""
+    with jupyter_server(tmp_path) as server:
+        kernel_id = await start_kernel(server)
+        endpoint = (await claims_for(kernel_id))[0].endpoint
+
+        async def runtime_clients() -> int:
+            return int((await call(endpoint, "GET", "api/kernel"))["clients"])
+
+        assert await runtime_clients() == 1, "the bridge"
+        legacy = await KernelSocket(server, kernel_id, "json").connect()
+        assert (await legacy.execute("1")).status == "ok"
+        assert await runtime_clients() == 1, "a JSON tab goes through the bridge"
+        legacy.close()
+
+        tab = await KernelSocket(server, kernel_id).connect()
+        assert await runtime_clients() == 2, "a v1 tab has its own connection"
+        assert (await tab.execute("print('direct')")).stdout == "direct\n"
+
+        # Closed while a cell prints; reopened with the same session.
+        msg_id = tab.send(
+            "shell",
+            "execute_request",
+            {
+                "code": "import time\nfor i in range(30):\n    print(i, flush=True)\n"
+                "    time.sleep(0.05)",
+                "silent": False,
+                "store_history": True,
+                "user_expressions": {},
+                "allow_stdin": False,
+                "stop_on_error": True,
+            },
+        )
+        while not any(m["msg_type"] == "stream" for m in tab.seen[-3:]):
+            await tab.recv(30)
+        tab.close()
+        await asyncio.sleep(2.5)  # the cell ends while nobody listens
+        back = await KernelSocket(server, kernel_id, session=tab.session).connect()
+        try:
+            reply = None
+            while reply is None:
+                msg = await back.recv(30)
+                if msg["channel"] == "shell" and msg["parent_header"].get("msg_id") == msg_id:
+                    reply = msg
+            assert reply["content"]["status"] == "ok", "the reply waited for the tab"
+
+            def printed(seen: list[dict[str, Any]]) -> list[int]:
+                return [
+                    int(line)
+                    for m in seen
+                    if m["msg_type"] == "stream" and m["parent_header"].get("msg_id") == msg_id
+                    for line in m["content"]["text"].split()
+                ]
+
+            before, after = printed(tab.seen), printed(back.seen)
+            assert after and after[-1] == 29, "what was printed meanwhile is replayed"
+            assert before + after == sorted(set(before + after)), "nothing twice"
+
+            async def spare_link_closed() -> bool:
+                return await runtime_clients() == 2
+
+            await wait_for(spare_link_closed, 10)
+        finally:
+            back.close()
         await server.request("DELETE", f"/api/kernels/{kernel_id}", expect=204)
 
 

@@ -91,7 +91,7 @@ class SandboxSession:
         self.bridge = Bridge(
             key=key,
             on_kernel_state=self._on_kernel_state,
-            on_client_request=self._on_client_request,
+            on_client_request=self.admit_request,
             on_disconnected=self._on_disconnected,
         )
 
@@ -350,10 +350,10 @@ class SandboxSession:
             self.bridge.open_gate()
         self.progress.set("ready", "resumed: the kernel is new, the workspace is kept")
 
-    async def _on_client_request(self, channel: str, head: dict[str, Any]) -> bool:
-        """Resume on the first request after a suspension; a shutdown needs no resume.
+    async def admit_request(self, channel: str, head: dict[str, Any]) -> bool:
+        """Should a client's request go on to the kernel? It resumes a suspended sandbox.
 
-        Nor does an interrupt: nothing runs in a suspended sandbox, and
+        A shutdown needs no resume. Nor does an interrupt: nothing runs in a suspended sandbox, and
         jupyter_client interrupts every kernel it shuts down (a server stopping).
         """
         if not self.suspended:

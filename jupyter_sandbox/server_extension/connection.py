@@ -6,7 +6,7 @@ and reconnects. So no resume is ever announced that way. A connection opened to
 a suspended sandbox (a notebook reopened or reloaded after a cull) resumes it
 before jupyter_server's set-up (kernel_info, then the iopub "nudge"); on a
 connection that is already live, the request that arrives resumes it and the
-bridge's ``restarting`` status is swallowed. Either way the user is told in
+``restarting`` status the bridge or the direct link says is swallowed. Either way the user is told in
 words, on stdout, in the output of the first execution after the resume.
 """
 
@@ -23,8 +23,10 @@ from jupyter_server.services.kernels.connection.base import (
 from jupyter_server.services.kernels.connection.channels import ZMQChannelsWebsocketConnection
 
 from ..kernel_provisioner.provisioner import SandboxProvisioner
+from ..protocol import framing, ws_frames
+from .direct_channels import DirectLink, RelayedMessage
 
-V1 = "v1.kernel.websocket.jupyter.org"
+V1 = framing.SUBPROTOCOL
 
 
 def resumed_notice(kernel: dict[str, Any]) -> str:
@@ -43,9 +45,16 @@ def resumed_notice(kernel: dict[str, Any]) -> str:
 
 
 class SandboxWebsocketConnection(ZMQChannelsWebsocketConnection):  # type: ignore[misc]
+    """jupyter_server's kernel connection, straight to the sandbox for v1 clients.
+
+    JupyterLab's connections (the v1 protocol) get a ``DirectLink`` instead of
+    ZMQ streams to the bridge; the JSON protocol keeps the ZMQ streams.
+    """
+
     _resumed_before_open = False
     _resume_request: dict[str, Any] | None = None
     _notice_parent: dict[str, Any] | None = None
+    _link: DirectLink | None = None
 
     @property
     def sandbox_provisioner(self) -> SandboxProvisioner | None:
@@ -60,13 +69,48 @@ class SandboxWebsocketConnection(ZMQChannelsWebsocketConnection):  # type: ignor
                 await provisioner.resume()
                 self._resumed_before_open = True
         await super().prepare()
+        if provisioner is not None and self._will_speak_v1():
+            await self._open_link(provisioner)
+
+    def _will_speak_v1(self) -> bool:
+        """The subprotocol the handler will choose (it chooses after ``prepare``)."""
+        handler = self.websocket_handler
+        offered = handler.request.headers.get("Sec-WebSocket-Protocol", "")
+        protocols = [name.strip() for name in offered.split(",") if name.strip()]
+        return bool(handler.select_subprotocol(protocols) == V1)
+
+    async def _open_link(self, provisioner: SandboxProvisioner) -> None:
+        session = provisioner.session
+        if session is None or session.suspended:
+            return
+        link = DirectLink(session)
+        try:
+            await link.open()
+        except Exception as exc:  # the bridge's route still works, or fails as before
+            self.log.warning("kernel %s: no direct connection (%s); using ZMQ", self.kernel_id, exc)
+            return
+        self._link = link
+
+    def create_stream(self) -> None:
+        link, self._link = self._link, None
+        if link is None or self.subprotocol != V1:
+            if link is not None:
+                link.close()
+            super().create_stream()
+            return
+        self.channels = dict(link.streams)
 
     def connect(self) -> Any:
         # jupyter_server leaves Nagle's algorithm on for kernel WebSockets: a client
         # that delays its ACKs (browsers do) then waits about 40 ms for each small
         # message written behind another, such as a cell's reply and idle status.
         self.websocket_handler.set_nodelay(True)
-        return super().connect()
+        connected = super().connect()
+        if self._link is not None:
+            # A tab reconnecting took over its buffered streams: the new link is spare.
+            self._link.close()
+            self._link = None
+        return connected
 
     # -- a live connection whose sandbox resumes ---------------------------------
 
@@ -101,7 +145,33 @@ class SandboxWebsocketConnection(ZMQChannelsWebsocketConnection):  # type: ignor
             kernel = session.kernel if session is not None else {}
             self._send_resume_notice(kernel, self._notice_parent)
             self._notice_parent = None
-        super().handle_outgoing_message(stream, outgoing_msg)
+        if isinstance(outgoing_msg, RelayedMessage):
+            self._relay(stream, outgoing_msg)
+        else:
+            super().handle_outgoing_message(stream, outgoing_msg)
+
+    def _relay(self, stream: Any, message: RelayedMessage) -> None:
+        """jupyter_server's v1 path for a frame from a ``DirectLink``.
+
+        The same checks (hidden tracebacks, IOPub rate limits); the runtime's
+        frame goes out as it came unless they rewrote the message.
+        """
+        if stream.closed():
+            self.log.warning("kernel message arrived on a closed channel")
+            self.disconnect()
+            return
+        channel = stream.channel
+        parts = list(message.parts)
+        msg: dict[str, Any] = {"header": None, "parent_header": None, "content": None}
+        self._on_error(channel, msg, parts)
+        if self._limit_rate(channel, msg, parts):
+            return
+        if message.frame is None or parts[3] is not message.parts[3]:
+            self.write_message(framing.encode(channel, parts), binary=True)
+        elif self.websocket_handler.get_compression_options() is None:
+            ws_frames.write_binary(self.websocket_handler, [message.frame])
+        else:
+            self.write_message(bytes(message.frame), binary=True)
 
     def _send_resume_notice(self, kernel: dict[str, Any], parent: dict[str, Any]) -> None:
         # stdout: this is news, not an error (stderr renders as a red box).
