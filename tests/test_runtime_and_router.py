@@ -697,11 +697,19 @@ async def test_a_bridge_reuses_large_buffers_without_mixing_them(
         assert bridge._receive_buffers.reused > 0, "the bridge never used a buffer again"
 
 
-async def test_a_direct_link_survives_a_dropped_connection(runtime: dict[str, Any]) -> None:
+@pytest.mark.parametrize("route", ["socket", "router"])
+async def test_a_direct_link_survives_a_dropped_connection(
+    runtime: dict[str, Any], router: dict[str, Any], route: str
+) -> None:
     """A JupyterLab tab's link to the runtime (no ZMQ, no bridge) drops mid-cell: it
     reconnects with ``?last=`` and the runtime replays, so nothing is lost or repeated,
-    and answers meant for other clients never reach the tab."""
-    endpoint = Endpoint("http://127.0.0.1:9", NS, "box-a", unix_socket=runtime["socket"])
+    and answers meant for other clients never reach the tab. On the runtime's socket
+    (the local backend) and through the router with a scoped token (Kubernetes)."""
+    if route == "socket":
+        endpoint = Endpoint("http://127.0.0.1:9", NS, "box-a", unix_socket=runtime["socket"])
+    else:
+        token = router["authority"].issue(Scope(NS, "box-a"))
+        endpoint = Endpoint(router_url=router["url"], namespace=NS, name="box-a", token=token)
     # What a link reads of its kernel's session (the provisioner's SandboxSession).
     session = SimpleNamespace(suspended=False, released=False, endpoint=endpoint)
     link = DirectLink(session)  # type: ignore[arg-type]
