@@ -6,8 +6,9 @@ and reconnects. So no resume is ever announced that way. A connection opened to
 a suspended sandbox (a notebook reopened or reloaded after a cull) resumes it
 before jupyter_server's set-up (kernel_info, then the iopub "nudge"); on a
 connection that is already live, the request that arrives resumes it and the
-``restarting`` status the bridge or the direct link says is swallowed. Either way the user is told in
-words, on stdout, in the output of the first execution after the resume.
+``restarting`` status the bridge or the direct link says is swallowed. Either
+way the user is told in words, on stdout, in the output of the first execution
+after the resume.
 """
 
 from __future__ import annotations
