@@ -335,3 +335,48 @@ async def test_details_say_what_the_sandbox_uses_now(tmp_path: Path) -> None:
         await server.request("POST", f"{path}/suspend", expect=200)
         assert (await server.request("GET", f"{path}?fresh=true"))["usage"] is None
         await server.request("DELETE", f"/api/kernels/{kernel_id}", expect=204)
+
+
+@PROTOCOLS
+async def test_the_servers_message_policies_hold_for_sandboxed_kernels(
+    tmp_path: Path, protocol: str
+) -> None:
+    policies = (
+        "--MappingKernelManager.allow_tracebacks=False",
+        '--MappingKernelManager.allowed_message_types=["execute_request", "kernel_info_request"]',
+        "--ZMQChannelsWebsocketConnection.iopub_data_rate_limit=100000",
+    )
+    with jupyter_server(tmp_path, *policies) as server:
+        kernel_id = await start_kernel(server)
+        ws = await KernelSocket(server, kernel_id, protocol).connect()
+        try:
+            # Hidden tracebacks: neither the error output nor the reply says what failed.
+            failed = await ws.execute("raise ValueError('the-secret-' + 'in-a-traceback')")
+            assert failed.status == "error"
+            errors = [o for o in failed.outputs if o["msg_type"] == "error"]
+            assert len(errors) == 1, failed.outputs
+            assert errors[0]["content"]["ename"] == "ExecutionError"
+            assert failed.reply["ename"] == "ExecutionError"
+            assert "not shown due to security reasons" in errors[0]["content"]["traceback"][0]
+            assert not [m for m in ws.seen if "the-secret-in-a-traceback" in repr(m)]
+
+            # A message type the server does not allow never reaches the kernel.
+            ws.send("shell", "complete_request", {"code": "impo", "cursor_pos": 4})
+            ok = await ws.execute("print('still here')")
+            assert ok.stdout == "still here\n"
+            assert not [m for m in ws.seen if m["header"]["msg_type"] == "complete_reply"]
+
+            # The IOPub data rate limit stops a flood, and lifts when the cell ends.
+            flood = await ws.execute("for _ in range(40):\n    print('x' * 20_000, flush=True)")
+            stderr = "".join(
+                o["content"]["text"]
+                for o in flood.outputs
+                if o["msg_type"] == "stream" and o["content"]["name"] == "stderr"
+            )
+            assert "IOPub data rate exceeded" in stderr
+            assert len(flood.stdout) < 40 * 20_001
+            after = await ws.execute("print('after the flood')")
+            assert after.stdout == "after the flood\n"
+        finally:
+            ws.close()
+        await server.request("DELETE", f"/api/kernels/{kernel_id}", expect=204)

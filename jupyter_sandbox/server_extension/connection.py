@@ -174,6 +174,32 @@ class SandboxWebsocketConnection(ZMQChannelsWebsocketConnection):  # type: ignor
         else:
             self.write_message(bytes(message.frame), binary=True)
 
+    def _on_error(self, channel: str, msg: dict[str, Any], msg_list: list[Any]) -> None:
+        """Hide tracebacks when the server says so (``allow_tracebacks=False``).
+
+        jupyter_server's own version reads the replacement text off the kernel's
+        manager, which does not have it (the MappingKernelManager does): the
+        error output is dropped with an AttributeError, for any kernel. And it
+        leaves the traceback in the failed request's reply on shell. Here both
+        are rewritten.
+        """
+        manager = self.multi_kernel_manager
+        if manager.allow_tracebacks or channel not in ("iopub", "shell"):
+            return
+        msg["header"] = self.get_part("header", msg["header"], msg_list)
+        if channel == "iopub" and msg["header"].get("msg_type") != "error":
+            return
+        msg["content"] = self.get_part("content", msg["content"], msg_list)
+        if channel == "shell" and msg["content"].get("status") != "error":
+            return
+        msg["content"].update(
+            ename="ExecutionError",
+            evalue="Execution error",
+            traceback=[manager.traceback_replacement_message],
+        )
+        if self.subprotocol == V1:
+            msg_list[3] = self.session.pack(msg["content"])
+
     def _send_resume_notice(self, kernel: dict[str, Any], parent: dict[str, Any]) -> None:
         # stdout: this is news, not an error (stderr renders as a red box).
         notice = {"name": "stdout", "text": resumed_notice(kernel)}

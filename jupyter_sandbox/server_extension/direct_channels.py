@@ -45,7 +45,8 @@ log = logging.getLogger(__name__)
 CHANNELS = ("iopub", "shell", "control", "stdin")
 CONNECT_TIMEOUT = 10.0
 SUSPENDED_POLL = 0.5  # seconds between looks at a suspended sandbox
-# Contents jupyter_server may decode (rate limits, hidden tracebacks): handed over as bytes.
+# Contents jupyter_server may decode (rate limits, hidden tracebacks): handed over as bytes,
+# as are all replies (a failed request's reply may hide its traceback).
 DECODED_TYPES = frozenset({"status", "error"})
 
 
@@ -313,7 +314,9 @@ class DirectLink:
             # A replay after a reconnect also carries answers to other clients.
             if parent_msg_id(views) not in self._requests:
                 return
-        decoded = head.get("msg_type") in DECODED_TYPES or len(views[3]) < 65536
+        decoded = (
+            channel != "iopub" or head.get("msg_type") in DECODED_TYPES or len(views[3]) < 65536
+        )
         parts: list[Any] = [
             bytes(views[0]),
             bytes(views[1]),
