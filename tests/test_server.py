@@ -380,3 +380,41 @@ async def test_the_servers_message_policies_hold_for_sandboxed_kernels(
         finally:
             ws.close()
         await server.request("DELETE", f"/api/kernels/{kernel_id}", expect=204)
+
+
+async def test_activity_tracking_sees_a_tabs_cells_and_zmq_clients_come_and_go(
+    tmp_path: Path,
+) -> None:
+    """The bridge feeds jupyter_server's activity tracking in-process, and publishes on
+    ZMQ only while a ZMQ client subscribes: both must hold as clients come and go."""
+    with jupyter_server(tmp_path) as server:
+        kernel_id = await start_kernel(server)
+        tab = await KernelSocket(server, kernel_id, "v1").connect()
+        try:
+            await tab.execute("import time")
+            before = (await server.request("GET", f"/api/kernels/{kernel_id}"))["last_activity"]
+            tab.send("shell", "execute_request", {"code": "time.sleep(3)", "silent": False})
+
+            async def busy() -> bool:
+                model = await server.request("GET", f"/api/kernels/{kernel_id}")
+                return bool(model["execution_state"] == "busy")
+
+            await wait_for(busy, 10)
+            assert (await tab.execute("print('done')")).stdout == "done\n"
+            model = await server.request("GET", f"/api/kernels/{kernel_id}")
+            assert model["execution_state"] == "idle"
+            assert model["last_activity"] > before
+
+            # ZMQ subscribers (JSON tabs go through the bridge) one after another.
+            for round_ in range(2):
+                old = await KernelSocket(server, kernel_id, "json").connect()
+                try:
+                    result = await old.execute(f"print('json {round_}')")
+                    assert result.stdout == f"json {round_}\n"
+                finally:
+                    old.close()
+                await asyncio.sleep(0.5)  # its unsubscription reaches the bridge
+            assert (await tab.execute("print('tab')")).stdout == "tab\n"
+        finally:
+            tab.close()
+        await server.request("DELETE", f"/api/kernels/{kernel_id}", expect=204)

@@ -9,6 +9,12 @@ sent without re-encoding (v1 binary framing) through the router to the runtime,
 which signs it with the kernel's own key. Messages back are signed with the
 bridge's key. The WebSocket reconnects by itself and resumes after the last
 message it received, so a router restart loses nothing.
+
+JupyterLab tabs take the direct link (``server_extension/direct_channels.py``),
+not these sockets. The iopub socket is an XPUB, so the bridge knows whether any
+ZMQ client subscribes: when none does, it neither signs nor sends output, and
+the Jupyter server's activity tracking (what culling goes by) reads the
+messages here, in-process, through ``on_iopub``.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ import tempfile
 import time
 import uuid
 from collections import OrderedDict, deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,6 +51,11 @@ REQUEST_CHANNELS = ("shell", "control", "stdin")
 MAX_PENDING = 10_000
 MAX_ROUTES = 10_000
 MAX_WS_MESSAGE = 512 * 1024 * 1024
+
+_recv = zmq.Socket.recv  # the synchronous receive, not zmq.asyncio's override
+
+# Sees each iopub message's header and parts (jupyter_server's activity tracking).
+IopubWatcher = Callable[[dict[str, Any], Sequence[bytes | memoryview]], None]
 
 
 @dataclass(frozen=True)
@@ -90,6 +101,8 @@ class Bridge:
         self._on_disconnected = on_disconnected
         self.session_id = uuid.uuid4().hex
         self.kernel_alive = True
+        self.on_iopub: IopubWatcher | None = None
+        self._iopub_topics: set[bytes] = set()  # what ZMQ clients subscribe to
         self.messages_in = 0
         self.messages_out = 0
 
@@ -214,11 +227,41 @@ class Bridge:
         self._send_iopub(parts)
 
     def _send_iopub(self, parts: list[bytes]) -> None:
+        self._watch_iopub(header(parts), parts)
         sock = self._sockets.get("iopub")
         if sock is not None:
             sock.send_multipart(
                 [b"kernel.status", DELIM, sign(self.key, parts), *parts], copy=False
             )
+
+    def _watch_iopub(self, head: dict[str, Any], parts: Sequence[bytes | memoryview]) -> None:
+        watcher = self.on_iopub
+        if watcher is not None:
+            try:
+                watcher(head, parts)
+            except Exception:
+                log.exception("iopub watcher failed")
+
+    def iopub_subscribed(self) -> bool:
+        """Whether any ZMQ client subscribes to iopub now.
+
+        The XPUB socket says so in messages of its own (``\\x01`` + topic on the
+        first subscription to a topic, ``\\x00`` + topic when its last subscriber
+        leaves); reading them here, right before a send, also makes libzmq apply
+        any subscription that has just arrived, as a send to a PUB socket would.
+        """
+        sock = self._sockets.get("iopub")
+        if sock is None:
+            return False
+        while True:
+            try:
+                event = _recv(sock, zmq.NOBLOCK)
+            except zmq.Again:
+                return bool(self._iopub_topics)
+            if event[:1] == b"\x01":
+                self._iopub_topics.add(event[1:])
+            elif event[:1] == b"\x00":
+                self._iopub_topics.discard(event[1:])
 
     # -- WebSocket side ---------------------------------------------------
 
@@ -333,13 +376,17 @@ class Bridge:
         except ValueError:
             return
         self._last_msg_id = str(head.get("msg_id") or "") or self._last_msg_id
-        signature = sign(self.key, parts)
         if channel == "iopub":
+            self._watch_iopub(head, parts)
+            if not self.iopub_subscribed():
+                return  # no ZMQ client: JupyterLab tabs have their own link
             sock = self._sockets["iopub"]
+            signature = sign(self.key, parts)
             self._sent(
                 message, send_now(sock, [b"kernel.iopub", DELIM, signature, *parts], track=True)
             )
             return
+        signature = sign(self.key, parts)
         parent = parent_msg_id(parts)
         ident = self._routes.get(parent) if parent else None
         if ident is None:
@@ -392,7 +439,7 @@ CHANNEL_KINDS = {
     "shell": zmq.ROUTER,
     "control": zmq.ROUTER,
     "stdin": zmq.ROUTER,
-    "iopub": zmq.PUB,
+    "iopub": zmq.XPUB,  # a PUB that says who subscribes (see iopub_subscribed)
     "hb": zmq.ROUTER,
 }
 

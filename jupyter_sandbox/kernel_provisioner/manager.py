@@ -12,8 +12,11 @@ import getpass
 import hashlib
 import json
 import os
+from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
+from jupyter_server._tz import utcnow
 from jupyter_server.services.kernels.kernelmanager import AsyncMappingKernelManager
 from tornado import web
 from tornado.ioloop import IOLoop
@@ -150,6 +153,58 @@ class SandboxKernelManager(AsyncMappingKernelManager):  # type: ignore[misc]
         kernel = self._kernels.get(kernel_id)
         provisioner = getattr(kernel, "provisioner", None)
         return provisioner if isinstance(provisioner, SandboxProvisioner) else None
+
+    def start_watching_activity(self, kernel_id: str) -> None:
+        """jupyter_server's activity tracking, fed by the bridge in-process for sandboxes.
+
+        jupyter_server subscribes to each kernel's iopub over ZMQ and decodes every
+        message to keep ``last_activity`` and ``execution_state`` (what culling
+        goes by). For a sandboxed kernel that subscription alone would make the
+        bridge sign and publish every output that JupyterLab tabs already get by
+        their direct link; the bridge hands its already-parsed messages over instead.
+        """
+        provisioner = self.sandbox_provisioner(kernel_id)
+        session = provisioner.session if provisioner is not None else None
+        if session is None:
+            super().start_watching_activity(kernel_id)
+            return
+        kernel = self._kernels[kernel_id]
+        kernel.reason = ""
+        kernel.last_activity = utcnow()
+        kernel._activity_stream = None
+        session.bridge.on_iopub = partial(self._record_activity, kernel_id, kernel)
+
+    def stop_watching_activity(self, kernel_id: str) -> None:
+        provisioner = self.sandbox_provisioner(kernel_id)
+        if provisioner is not None and provisioner.session is not None:
+            provisioner.session.bridge.on_iopub = None
+        super().stop_watching_activity(kernel_id)
+
+    def _record_activity(
+        self, kernel_id: str, kernel: Any, head: dict[str, Any], parts: Sequence[Any]
+    ) -> None:
+        """What jupyter_server's ``record_activity`` does with one iopub message.
+
+        Called on the bridge's thread: it only sets attributes.
+        """
+        msg_type = head.get("msg_type")
+        parent_type = None
+        if len(parts) > 1 and bytes(parts[1][:2]) != b"{}":
+            parent_type = json.loads(bytes(parts[1])).get("msg_type")
+        if (
+            self.track_message_type(msg_type)
+            or self.track_message_type(parent_type)
+            or kernel.execution_state == "busy"
+        ):
+            self.last_kernel_activity = kernel.last_activity = utcnow()
+        if msg_type != "status" or len(parts) < 4:
+            return
+        state = json.loads(bytes(parts[3])).get("execution_state")
+        if self.track_message_type(parent_type):
+            kernel.execution_state = state
+        elif kernel.execution_state == "starting" and state != "starting":
+            # jupyter_server's rule: after starting, untracked replies mean idle.
+            kernel.execution_state = "idle"
 
     async def cull_kernel_if_idle(self, kernel_id: str) -> None:
         self._culling.add(kernel_id)
