@@ -172,7 +172,7 @@ class SandboxKernelManager(AsyncMappingKernelManager):  # type: ignore[misc]
         kernel.reason = ""
         kernel.last_activity = utcnow()
         kernel._activity_stream = None
-        session.bridge.on_iopub = partial(self._record_activity, kernel_id, kernel)
+        session.bridge.on_iopub = partial(self._record_activity, kernel)
 
     def stop_watching_activity(self, kernel_id: str) -> None:
         provisioner = self.sandbox_provisioner(kernel_id)
@@ -180,9 +180,7 @@ class SandboxKernelManager(AsyncMappingKernelManager):  # type: ignore[misc]
             provisioner.session.bridge.on_iopub = None
         super().stop_watching_activity(kernel_id)
 
-    def _record_activity(
-        self, kernel_id: str, kernel: Any, head: dict[str, Any], parts: Sequence[Any]
-    ) -> None:
+    def _record_activity(self, kernel: Any, head: dict[str, Any], parts: Sequence[Any]) -> None:
         """What jupyter_server's ``record_activity`` does with one iopub message.
 
         Called on the bridge's thread: it only sets attributes.
