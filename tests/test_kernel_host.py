@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from jupyter_sandbox.protocol.messages import parent_msg_id
+from jupyter_sandbox.protocol.messages import parent_msg_id, sign
 from jupyter_sandbox.runtime.kernel_host import KernelHost, KernelState
 
 
@@ -35,7 +35,8 @@ class Relay:
             on_state=self._on_state,
         )
 
-    def _on_message(self, channel: str, parts: list[bytes | memoryview]) -> None:
+    def _on_message(self, channel: str, parts: list[bytes | memoryview], signature: bytes) -> None:
+        assert signature == sign(self.host.key, parts), "the kernel signs with the runtime's key"
         self.messages.append((channel, json.loads(bytes(parts[0])), parent_msg_id(parts)))
 
     def _on_state(self, state: KernelState) -> None:

@@ -184,3 +184,75 @@ async def test_a_batch_run_suspended_between_cells_keeps_its_state() -> None:
     await client.async_execute()
     assert suspended, "the sandbox was suspended between the cells"
     assert nb.cells[1].outputs[-1]["text"] == "42\n"
+
+
+KERNELS_OWN_KEY = (
+    "import json\nfrom ipykernel.kernelapp import IPKernelApp\n"
+    "print(json.load(open(IPKernelApp.instance().abs_connection_file))['key'])"
+)
+
+
+async def test_zmq_clients_sign_with_the_kernels_own_key_across_restart_and_suspend(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """jupyter_client is handed the key the kernel in the sandbox was started with, the
+    same after a restart and after a suspend, so the bridge computes no signatures."""
+    from jupyter_client.manager import AsyncKernelManager
+
+    from jupyter_sandbox.kernel_provisioner import bridge as bridge_module
+
+    signatures: list[int] = []
+    real_sign = bridge_module.sign
+
+    def counted(key: bytes, parts: object) -> bytes:
+        signatures.append(1)
+        return real_sign(key, parts)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(bridge_module, "sign", counted)
+    km = AsyncKernelManager(kernel_name="sandbox-default")
+    await km.start_kernel()
+    kc = km.client()
+    kc.start_channels()
+
+    async def kernels_key() -> str:
+        printed: list[str] = []
+        signatures.clear()
+        reply = await kc.execute_interactive(
+            KERNELS_OWN_KEY,
+            output_hook=lambda m: printed.append(m["content"].get("text", "")),
+            timeout=120,
+        )
+        assert reply["content"]["status"] == "ok", reply["content"]
+        return "".join(printed).strip().splitlines()[-1]
+
+    try:
+        await kc.wait_for_ready(timeout=120)
+        key = km.session.key.decode()
+        assert await kernels_key() == key
+        assert signatures == [], "the bridge signed what the kernel had signed"
+
+        await km.restart_kernel()
+        await kc.wait_for_ready(timeout=120)
+        assert km.session.key.decode() == key
+        assert await kernels_key() == key
+        assert signatures == []
+
+        provisioner = km.provisioner
+        claim = provisioner.session.claim_name  # type: ignore[union-attr]
+        await provisioner.suspend()  # type: ignore[union-attr]
+        plane = LocalControlPlane()
+        try:
+
+            async def suspended() -> bool:
+                status = await plane.status(claim)
+                return status is not None and status.phase == "Suspended"
+
+            await wait_for(suspended, 60)
+        finally:
+            await plane.close()
+        assert await kernels_key() == key, "the resumed kernel has another key"
+        assert await kernels_key() == key
+        assert signatures == [], "after the resume the bridge signs again"
+    finally:
+        kc.stop_channels()
+        await km.shutdown_kernel(now=True)

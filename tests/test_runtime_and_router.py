@@ -23,9 +23,10 @@ from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_sockets
 
 from jupyter_sandbox.control_plane.base import Endpoint
+from jupyter_sandbox.kernel_provisioner import bridge as bridge_module
 from jupyter_sandbox.kernel_provisioner.bridge import Bridge, channels_request
 from jupyter_sandbox.protocol import framing
-from jupyter_sandbox.protocol.messages import header, parent_msg_id
+from jupyter_sandbox.protocol.messages import header, parent_msg_id, sign
 from jupyter_sandbox.protocol.ws_frames import frame_header
 from jupyter_sandbox.router.app import make_router_app
 from jupyter_sandbox.router.settings import RouterContext
@@ -420,14 +421,14 @@ def kernel_message(msg_type: str, content: dict[str, Any]) -> tuple[str, list[by
 
 
 async def connect_channels(
-    router: dict[str, Any], last: str | None = None
+    router: dict[str, Any], last: str | None = None, protocol: str = framing.SUBPROTOCOL
 ) -> websocket.WebSocketClientConnection:
     url = router["url"].replace("http", "ws") + "/api/kernel/channels"
     if last:
         url += f"?last={last}"
     request = httpclient.HTTPRequest(url, headers=routed(router))
     return await websocket.websocket_connect(
-        request, subprotocols=[framing.SUBPROTOCOL], max_message_size=64 * 1024 * 1024
+        request, subprotocols=[protocol], max_message_size=64 * 1024 * 1024
     )
 
 
@@ -481,6 +482,56 @@ async def test_kernel_channels_relay_binary_frames(router: dict[str, Any]) -> No
         assert any(c == "iopub" and b'"ok\\n"' in p[3] for c, p in seen)
     finally:
         ws.close()
+
+
+async def test_only_a_signed_framing_client_gets_the_key_and_the_kernels_signatures(
+    router: dict[str, Any],
+) -> None:
+    """A v1 client (a browser's frames) is never told the kernel's key. A client of the
+    signed framing is, and its requests reach the kernel with the signature it made:
+    the kernel checks it, so a forged one is dropped there."""
+    plain = await connect_channels(router)
+    signed = await connect_channels(router, protocol=framing.SIGNED_SUBPROTOCOL)
+    try:
+        assert plain.selected_subprotocol == framing.SUBPROTOCOL
+        assert signed.selected_subprotocol == framing.SIGNED_SUBPROTOCOL
+        event = framing.decode(await asyncio.wait_for(plain.read_message(), 10))  # type: ignore[arg-type]
+        assert event[0] == framing.EVENT_CHANNEL and "key" not in json.loads(event[1][0])
+        event = framing.decode(await asyncio.wait_for(signed.read_message(), 10))  # type: ignore[arg-type]
+        assert event[0] == framing.EVENT_CHANNEL
+        state = json.loads(event[1][0])
+        key = state["key"].encode()
+        while not state["kernel"]["ready"]:  # the runtime may still be starting its kernel
+            event = framing.decode(await asyncio.wait_for(signed.read_message(), 60))  # type: ignore[arg-type]
+            if event[0] == framing.EVENT_CHANNEL:
+                state = json.loads(event[1][0])
+
+        forged_id, forged = kernel_message("execute_request", {"code": "print('forged')"})
+        signed.write_message(framing.encode("shell", [b"0" * 64, *forged]), binary=True)
+        msg_id, parts = kernel_message("execute_request", {"code": "print('signed')"})
+        signed.write_message(framing.encode("shell", [sign(key, parts), *parts]), binary=True)
+        reply = idle = False
+        output = b""
+        while not (reply and idle):
+            raw = await asyncio.wait_for(signed.read_message(), 30)
+            assert isinstance(raw, bytes), raw
+            channel, received = framing.decode(raw)
+            if channel == framing.EVENT_CHANNEL:
+                continue
+            signature, received = received[0], received[1:]
+            assert signature == sign(key, received), "relayed as the kernel signed it"
+            parent = parent_msg_id(received)
+            assert parent != forged_id, "the kernel answered a forged request"
+            if parent != msg_id:
+                continue
+            reply = reply or channel == "shell"
+            idle = idle or (channel == "iopub" and b'"idle"' in received[3])
+            if header(received)["msg_type"] == "stream":
+                output += received[3]
+        assert b"signed" in output
+    finally:
+        plain.close()
+        signed.close()
 
 
 async def test_output_while_disconnected_is_replayed(router: dict[str, Any]) -> None:
@@ -636,6 +687,71 @@ async def test_a_resuming_bridge_says_idle_before_the_kernel_answers(
         reply = await kc.get_shell_msg(timeout=30)
         assert reply["parent_header"]["msg_id"] == msg_id
         assert reply["content"]["status"] == "ok"
+
+
+@pytest.mark.parametrize("adopt", [True, False], ids=["the kernel's key", "a key of its own"])
+async def test_a_bridge_signs_only_what_the_kernel_could_not(
+    router: dict[str, Any], monkeypatch: pytest.MonkeyPatch, adopt: bool
+) -> None:
+    """Given the kernel's key (as the provisioner does), the bridge relays signatures
+    and computes none; with a key of its own it signs what it relays. The client
+    checks every signature either way."""
+    signatures: list[int] = []
+    real_sign = bridge_module.sign
+
+    def counted(key: bytes, parts: Any) -> bytes:
+        signatures.append(1)
+        return real_sign(key, parts)
+
+    monkeypatch.setattr(bridge_module, "sign", counted)
+    endpoint = Endpoint(
+        router_url=router["url"],
+        namespace=NS,
+        name="box-a",
+        token=router["authority"].issue(Scope(NS, "box-a")),
+    )
+    told = asyncio.Event()
+
+    async def relay(channel: str, head: dict[str, Any]) -> bool:
+        return True
+
+    async def ignore(failures: int) -> None:
+        return None
+
+    key = uuid.uuid4().hex.encode()
+    bridge = Bridge(
+        key=key,
+        on_kernel_state=lambda *_: told.set(),
+        on_client_request=relay,
+        on_disconnected=ignore,
+    )
+    bridge.bind()
+    bridge.connect(endpoint)
+    kc = AsyncKernelClient()
+    try:
+        await asyncio.wait_for(told.wait(), 30)
+        if adopt:
+            adopted = bridge.adopt_runtime_key()
+            assert adopted is not None and adopted != key
+            key = adopted
+        kc.load_connection_info(
+            {**bridge.connection_info(), "key": key.decode(), "signature_scheme": "hmac-sha256"}
+        )
+        kc.start_channels()
+        await kc.wait_for_ready(timeout=30)
+        signatures.clear()
+        printed: list[str] = []
+        reply = await kc.execute_interactive(
+            "print('relayed')",
+            output_hook=lambda m: printed.append(m["content"].get("text", "")),
+            timeout=30,
+        )
+        assert reply["content"]["status"] == "ok"
+        assert "relayed\n" in printed
+        assert (len(signatures) == 0) == adopt, f"{len(signatures)} signatures computed"
+    finally:
+        kc.stop_channels()
+        await bridge.close()
 
 
 async def test_a_bridge_on_the_runtimes_socket_survives_a_dropped_connection(

@@ -70,6 +70,8 @@ class KernelTunnel:
                 await asyncio.wait_for(self._changed.wait(), min(remaining, 1.0))
             except TimeoutError:
                 pass
+        # The kernel's own key, when the runtime tells it: signatures then pass as they are.
+        self.key = self.bridge.adopt_runtime_key() or self.key
         return self.connection_info()
 
     def connection_info(self) -> dict[str, Any]:

@@ -5,10 +5,15 @@ ZMQ sockets: Unix sockets (``transport="ipc"``) in a directory only this user
 can open, so neither other local users nor sandboxes can subscribe to a
 kernel's output or send it code (a loopback TCP port is open to every local
 process). Each message is checked against the bridge's key, then
-sent without re-encoding (v1 binary framing) through the router to the runtime,
-which signs it with the kernel's own key. Messages back are signed with the
-bridge's key. The WebSocket reconnects by itself and resumes after the last
-message it received, so a router restart loses nothing.
+sent without re-encoding (v1 binary framing) through the router to the runtime.
+
+The provisioner hands clients the kernel's own key (``adopt_runtime_key``), so a
+message's signature is valid on both sides: the signed framing carries it along
+and nothing is signed twice, which for a 50 MB buffer saves a pass over all of
+it. When the keys differ (a runtime that could not keep its key across a
+resume), the runtime signs requests and the bridge signs what comes back. The
+WebSocket reconnects by itself and resumes after the last message it received,
+so a router restart loses nothing.
 
 JupyterLab tabs take the direct link (``server_extension/direct_channels.py``),
 not these sockets. The iopub socket is an XPUB, so the bridge knows whether any
@@ -20,6 +25,7 @@ messages here, in-process, through ``on_iopub``.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import logging
 import os
@@ -86,7 +92,7 @@ class Bridge:
         self._sockets: dict[str, zmq.asyncio.Socket] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._routes: OrderedDict[str, bytes] = OrderedDict()  # request msg_id -> client identity
-        self._pending: deque[bytes] = deque()
+        self._pending: deque[_Request] = deque()
         self._receive_buffers = ReceiveBuffers()
         self._endpoint: Endpoint | None = None
         self._ws: websocket.WebSocketClientConnection | None = None
@@ -103,6 +109,9 @@ class Bridge:
         self.kernel_alive = True
         self.on_iopub: IopubWatcher | None = None
         self._iopub_topics: set[bytes] = set()  # what ZMQ clients subscribe to
+        self._signed = False  # this connection carries signatures (signed framing)
+        self._runtime_key: bytes | None = None  # as the runtime said when we connected
+        self._same_key = False  # signatures pass through both ways
         self.messages_in = 0
         self.messages_out = 0
 
@@ -191,21 +200,28 @@ class Bridge:
                     self._routes.popitem(last=False)
             if not await self._on_client_request(channel, head):
                 continue  # answered or swallowed by the provisioner
-            self._to_sandbox(framing.encode(channel, parts))
+            self._to_sandbox(_Request(channel, parts, bytes(signature)))
 
-    def _to_sandbox(self, frame: bytes) -> None:
+    def _to_sandbox(self, request: _Request) -> None:
         self.messages_out += 1
         ws = self._ws
         if ws is not None and not self._held and not self._gated and self._connected.is_set():
             try:
-                ws.write_message(frame, binary=True)
+                ws.write_message(self._encode(request), binary=True)
                 return
             except websocket.WebSocketClosedError:
                 pass
         if len(self._pending) >= MAX_PENDING:
             log.error("bridge queue full: dropping the oldest request")
             self._pending.popleft()
-        self._pending.append(frame)
+        self._pending.append(request)
+
+    def _encode(self, request: _Request) -> bytes:
+        """A request's frame for the connection we have now (queued ones wait for it)."""
+        parts = request.parts
+        if self._signed:  # the client's signature is the kernel's when the keys agree
+            parts = [request.signature if self._same_key else b"", *parts]
+        return framing.encode(request.channel, parts)
 
     def publish_status(self, state: str) -> None:
         """Tell every iopub subscriber the kernel's execution state (synthesized)."""
@@ -288,7 +304,7 @@ class Bridge:
         if ws is None or self._held or self._gated or not self._connected.is_set():
             return
         while self._pending:
-            ws.write_message(self._pending.popleft(), binary=True)
+            ws.write_message(self._encode(self._pending.popleft()), binary=True)
 
     def hold(self) -> None:
         """Stop relaying (sandbox suspended): requests queue until ``connect``."""
@@ -302,6 +318,19 @@ class Bridge:
             self._ws = None
         # After a resume the runtime is new: nothing of the old one to replay.
         self._last_msg_id = None
+
+    def adopt_runtime_key(self) -> bytes | None:
+        """Take the kernel's key as ours (before any client has ours); None if unknown.
+
+        Clients given the kernel's key sign requests the kernel can check as they
+        are, and the kernel's signatures are valid for them: the bridge relays
+        signatures and computes none.
+        """
+        if self._runtime_key is None or not self._signed:
+            return None
+        self.key = self._runtime_key
+        self._same_key = True
+        return self.key
 
     async def wait_connected(self, timeout: float) -> None:
         await asyncio.wait_for(self._connected.wait(), timeout)
@@ -321,10 +350,11 @@ class Bridge:
                 ws = await ws_client.websocket_connect(
                     request,
                     resolver=resolver,
-                    subprotocols=[framing.SUBPROTOCOL],
+                    subprotocols=[framing.SIGNED_SUBPROTOCOL, framing.SUBPROTOCOL],
                     max_message_size=MAX_WS_MESSAGE,
                     receive_buffers=self._receive_buffers,
                     on_message_callback=self._from_sandbox,
+                    on_open=self._on_open,
                     ping_interval=20,
                     ping_timeout=20,
                 )
@@ -350,6 +380,12 @@ class Bridge:
             self._flush_pending()
             return
 
+    def _on_open(self, ws: websocket.WebSocketClientConnection) -> None:
+        # Before this connection's first message: how to read it, and whose key.
+        self._signed = ws.selected_subprotocol == framing.SIGNED_SUBPROTOCOL
+        self._runtime_key = None  # until this runtime's first event says
+        self._same_key = False
+
     def _from_sandbox(self, message: str | bytes | None) -> None:
         if message is None:
             # Closed: reconnect unless we meant it.
@@ -368,6 +404,9 @@ class Bridge:
         if channel == framing.EVENT_CHANNEL:
             self._on_event(parts)
             return
+        signature: bytes | memoryview = b""
+        if self._signed and parts:
+            signature = parts.pop(0)
         if len(parts) < 4:
             return
         self.messages_in += 1
@@ -381,12 +420,12 @@ class Bridge:
             if not self.iopub_subscribed():
                 return  # no ZMQ client: JupyterLab tabs have their own link
             sock = self._sockets["iopub"]
-            signature = sign(self.key, parts)
+            signature = self._signature(signature, parts)
             self._sent(
                 message, send_now(sock, [b"kernel.iopub", DELIM, signature, *parts], track=True)
             )
             return
-        signature = sign(self.key, parts)
+        signature = self._signature(signature, parts)
         parent = parent_msg_id(parts)
         ident = self._routes.get(parent) if parent else None
         if ident is None:
@@ -400,6 +439,14 @@ class Bridge:
                 message, send_now(reply_socket, [ident, DELIM, signature, *parts], track=True)
             )
 
+    def _signature(
+        self, relayed: bytes | memoryview, parts: Sequence[bytes | memoryview]
+    ) -> bytes | memoryview:
+        """The kernel's own signature when it holds our key, else one of ours."""
+        if self._same_key and relayed:
+            return relayed
+        return sign(self.key, parts)
+
     def _sent(self, message: bytes, trackers: list[zmq.MessageTracker] | None) -> None:
         # A large message's buffer takes the next one once ZMQ is done with it.
         if trackers is not None:
@@ -412,6 +459,10 @@ class Bridge:
             return
         if event.get("event") != "kernel_state":
             return
+        key = event.get("key")
+        if isinstance(key, str) and key:
+            self._runtime_key = key.encode()
+            self._same_key = self._signed and hmac.compare_digest(self._runtime_key, self.key)
         kernel = event.get("kernel") or {}
         identity = KernelIdentity(str(event.get("runtime_id")), int(kernel.get("generation", 0)))
         self._on_kernel_state(identity, kernel)
@@ -431,6 +482,15 @@ class Bridge:
         self._ctx.term()
         if self._ipc_dir is not None:
             shutil.rmtree(self._ipc_dir, ignore_errors=True)
+
+
+@dataclass(frozen=True)
+class _Request:
+    """A client's request on its way to the sandbox, framed once a connection is up."""
+
+    channel: str
+    parts: list[bytes | memoryview]
+    signature: bytes
 
 
 KEEPER_SUFFIX = ".keep"  # a second name for each socket file (see restore_endpoints)

@@ -152,7 +152,13 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
             except BaseException:
                 self._session = None  # start() released whatever it had claimed
                 raise
-            km.load_connection_info(self._session.bridge.connection_info())
+            info = self._session.bridge.connection_info()
+            # The kernel's own key, when the runtime tells it: then no signature is
+            # computed twice on the way (bridge.py).
+            key = self._session.bridge.adopt_runtime_key()
+            if key is not None:
+                info["key"] = key
+            km.load_connection_info(info)
         else:  # a restart: jupyter_client removed the ipc files of the bridge it keeps
             await background().run(self._session.bridge.restore_endpoints())
         kwargs["env"] = {}

@@ -6,11 +6,16 @@ extra copies on the client's own process. Payloads of DIRECT_READ_BYTES and more
 are read with ``read_into`` into one buffer of their final size instead; the
 frame parsing, limits, pings and closing handshake stay tornado's. With
 ``receive_buffers`` those buffers come from (and go back to) a pool.
+
+``on_open`` sees the connection as soon as it is upgraded, before any message
+has been passed on: what the server chose (its subprotocol) decides how the
+very first message is read.
 """
 
 from __future__ import annotations
 
 from asyncio import Future
+from collections.abc import Callable
 from typing import Any
 
 from tornado import httpclient, httputil, websocket
@@ -33,8 +38,22 @@ class _DirectReadProtocol(websocket.WebSocketProtocol13):
         return buffer  # type: ignore[return-value]  # bytes-like; the receivers take views
 
 
+OpenCallback = Callable[[websocket.WebSocketClientConnection], None]
+
+
 class _Connection(websocket.WebSocketClientConnection):
     receive_buffers: ReceiveBuffers | None = None
+    on_open: OpenCallback | None = None
+
+    async def headers_received(
+        self,
+        start_line: httputil.RequestStartLine | httputil.ResponseStartLine,
+        headers: httputil.HTTPHeaders,
+    ) -> None:
+        await super().headers_received(start_line, headers)
+        # tornado has only scheduled its frame loop yet: no message was read.
+        if self.protocol is not None and self.on_open is not None:
+            self.on_open(self)
 
     def get_websocket_protocol(self) -> websocket.WebSocketProtocol:
         return _DirectReadProtocol(self, mask_outgoing=True, params=self.params)
@@ -43,6 +62,7 @@ class _Connection(websocket.WebSocketClientConnection):
 def websocket_connect(
     request: httpclient.HTTPRequest,
     receive_buffers: ReceiveBuffers | None = None,
+    on_open: OpenCallback | None = None,
     **options: Any,
 ) -> Future[websocket.WebSocketClientConnection]:
     """Like ``tornado.websocket.websocket_connect`` (same keyword options)."""
@@ -51,4 +71,5 @@ def websocket_connect(
     proxy = httpclient._RequestProxy(request, httpclient.HTTPRequest._DEFAULTS)
     connection = _Connection(proxy, **options)  # type: ignore[arg-type]
     connection.receive_buffers = receive_buffers
+    connection.on_open = on_open
     return connection.connect_future

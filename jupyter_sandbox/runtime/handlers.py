@@ -17,7 +17,7 @@ from . import commands
 from .kernel_host import KernelNotRunning, KernelStateError
 from .kernel_state import discard as discard_state
 from .paths import PathInvalid, PathRefused, confine
-from .state import RuntimeState
+from .state import RuntimeState, save_key
 from .upload import StreamingUpload
 from .usage import read_usage
 
@@ -109,6 +109,7 @@ class KernelStateHandler(BaseHandler):
         except KernelStateError as exc:
             discard_state(directory)
             raise web.HTTPError(500, f"saving failed: {exc}") from None
+        save_key(directory, self.runtime.kernel.key)
         self.finish(result)
 
 
@@ -137,24 +138,37 @@ class KernelActionHandler(BaseHandler):
 
 
 class ChannelsHandler(websocket.WebSocketHandler):
-    """Kernel channels in the v1 binary framing; ``?last=<msg_id>`` resumes a session."""
+    """Kernel channels in the v1 binary framing; ``?last=<msg_id>`` resumes a session.
+
+    A client that asks for the signed framing (the bridge) gets the kernel's key in
+    the event that opens the connection and every message's signature with it.
+    Whoever reaches this endpoint may run code in the kernel, which can read its own
+    connection file: the key tells such a client nothing new.
+    """
+
+    signed = False
 
     @property
     def runtime(self) -> RuntimeState:
         return self.settings["runtime"]  # type: ignore[no-any-return]
 
     def select_subprotocol(self, subprotocols: list[str]) -> str | None:
-        return framing.SUBPROTOCOL if framing.SUBPROTOCOL in subprotocols else None
+        for protocol in (framing.SIGNED_SUBPROTOCOL, framing.SUBPROTOCOL):
+            if protocol in subprotocols:
+                return protocol
+        return None
 
     def check_origin(self, origin: str) -> bool:
         return True  # reached only through the router, which authorizes
 
     def open(self) -> None:  # type: ignore[override]
-        if self.selected_subprotocol != framing.SUBPROTOCOL:
+        protocol = self.selected_subprotocol
+        if protocol not in (framing.SUBPROTOCOL, framing.SIGNED_SUBPROTOCOL):
             self.close(1002, f"subprotocol {framing.SUBPROTOCOL} required")
             return
+        self.signed = protocol == framing.SIGNED_SUBPROTOCOL
         self.set_nodelay(True)
-        self.runtime.hub.send_event_to(self, self.runtime.event_payload())
+        self.runtime.hub.send_event_to(self, self.runtime.event_payload(with_key=self.signed))
         self.runtime.hub.attach(self, self.get_query_argument("last", None))
 
     def send_frame(self, frame: framing.Pieces) -> None:
@@ -170,12 +184,13 @@ class ChannelsHandler(websocket.WebSocketHandler):
         except framing.FramingError as exc:
             log.warning("bad frame from client: %s", exc)
             return
+        signature = parts.pop(0) if self.signed and parts else b""
         if channel not in ("shell", "control", "stdin") or len(parts) < 4:
             log.warning("ignoring message on channel %r", channel)
             return
         self.runtime.hub.record_request(self, parts)
         try:
-            self.runtime.kernel.send(channel, parts)
+            self.runtime.kernel.send(channel, parts, signature)
         except KernelNotRunning:
             log.info("dropping %s message: kernel is not running", channel)
 

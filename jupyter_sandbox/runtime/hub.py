@@ -5,6 +5,9 @@ msg_id. A client that reconnects with ``?last=<msg_id>`` gets everything after t
 message again (what it may have missed while its connection died); a new client
 gets what was produced while nobody was connected. Replies go back to the client
 that sent the request when it is still connected.
+
+Clients of the signed framing (the bridge) get each message with the kernel's
+signature as its first part; v1 clients get the parts alone.
 """
 
 from __future__ import annotations
@@ -26,6 +29,9 @@ MAX_TRACKED_REQUESTS = 10_000
 
 
 class Client(Protocol):
+    # Whether this client's frames carry each message's signature (signed framing).
+    signed: bool
+
     # A frame kept as its pieces: the kernel's own buffers are sent and replayed uncopied.
     def send_frame(self, frame: framing.Pieces) -> None: ...
 
@@ -34,8 +40,15 @@ class Client(Protocol):
 class _Entry:
     seq: int
     msg_id: str
-    frame: framing.Pieces
+    channel: str
+    parts: list[bytes | memoryview]
+    signature: bytes
+    size: int
     delivered: bool
+
+    def frame_for(self, client: Client) -> framing.Pieces:
+        parts = [self.signature, *self.parts] if client.signed else self.parts
+        return framing.encode_pieces(self.channel, parts)
 
 
 class ChannelHub:
@@ -70,10 +83,10 @@ class ChannelHub:
         for entry in list(self._ring):
             if start_seq is not None:
                 if entry.seq > start_seq:
-                    client.send_frame(entry.frame)
+                    client.send_frame(entry.frame_for(client))
                     entry.delivered = True
             elif not entry.delivered:
-                client.send_frame(entry.frame)
+                client.send_frame(entry.frame_for(client))
                 entry.delivered = True
 
     def detach(self, client: Client) -> None:
@@ -92,9 +105,10 @@ class ChannelHub:
         while len(self._requests) > MAX_TRACKED_REQUESTS:
             self._requests.popitem(last=False)
 
-    def publish(self, channel: str, parts: list[bytes | memoryview]) -> None:
+    def publish(
+        self, channel: str, parts: list[bytes | memoryview], signature: bytes = b""
+    ) -> None:
         """Send a kernel message to its client(s), keeping it for replay."""
-        frame = framing.encode_pieces(channel, parts)
         try:
             msg_id = str(header(parts).get("msg_id", ""))
         except ValueError:
@@ -108,8 +122,12 @@ class ChannelHub:
             targets = (
                 [owner] if owner is not None and owner in self._clients else list(self._clients)
             )
-        self._remember(msg_id, frame, delivered=bool(targets))
+        entry = self._remember(msg_id, channel, parts, signature, delivered=bool(targets))
+        frames: dict[bool, framing.Pieces] = {}
         for client in targets:
+            frame = frames.get(client.signed)
+            if frame is None:
+                frame = frames[client.signed] = entry.frame_for(client)
             client.send_frame(frame)
 
     def send_event(self, payload: bytes) -> None:
@@ -121,19 +139,29 @@ class ChannelHub:
     def send_event_to(client: Client, payload: bytes) -> None:
         client.send_frame(framing.encode_pieces(framing.EVENT_CHANNEL, [payload]))
 
-    def _remember(self, msg_id: str, frame: framing.Pieces, *, delivered: bool) -> None:
+    def _remember(
+        self,
+        msg_id: str,
+        channel: str,
+        parts: list[bytes | memoryview],
+        signature: bytes,
+        *,
+        delivered: bool,
+    ) -> _Entry:
         self._seq += 1
-        entry = _Entry(self._seq, msg_id, frame, delivered)
+        size = sum(len(part) for part in parts)
+        entry = _Entry(self._seq, msg_id, channel, parts, signature, size, delivered)
         self._ring.append(entry)
-        self._ring_bytes += frame.size
+        self._ring_bytes += size
         if msg_id:
             self._index[msg_id] = entry.seq
         while self._ring and (
             self._ring_bytes > self._max_bytes or len(self._ring) > self._max_messages
         ):
             old = self._ring.popleft()
-            self._ring_bytes -= old.frame.size
+            self._ring_bytes -= old.size
             if old.msg_id and self._index.get(old.msg_id) == old.seq:
                 del self._index[old.msg_id]
             if not old.delivered:
                 log.warning("replay ring full: dropped an undelivered message")
+        return entry

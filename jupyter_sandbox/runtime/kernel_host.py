@@ -24,7 +24,8 @@ from .kernel_state import discard as discard_state
 
 log = logging.getLogger(__name__)
 
-MessageSink = Callable[[str, list[bytes | memoryview]], None]
+# (channel, parts, signature): the kernel's own signature, valid for its key.
+MessageSink = Callable[[str, list[bytes | memoryview], bytes], None]
 StateSink = Callable[["KernelState"], None]
 
 READY_TIMEOUT = 60.0
@@ -54,10 +55,14 @@ class KernelState:
 class KernelHost:
     """Starts, restarts and relays one ipykernel over IPC sockets.
 
-    Messages from the kernel go to ``on_message(channel, parts)``; ``send`` takes
-    parts (header, parent_header, metadata, content, *buffers) and signs them with
-    the kernel's own key. Request/reply used internally (readiness probing) is not
-    passed on.
+    Messages from the kernel go to ``on_message(channel, parts, signature)``;
+    ``send`` takes parts (header, parent_header, metadata, content, *buffers) and
+    signs them with the kernel's key. Request/reply used internally (readiness
+    probing) is not passed on.
+
+    The key is the runtime's, not a kernel's: every kernel generation gets the same
+    one (``key``, or a new random one), so a client holding it stays valid across
+    restarts and the kernel's signatures can be relayed as they are.
     """
 
     def __init__(
@@ -69,6 +74,7 @@ class KernelHost:
         env: dict[str, str],
         on_message: MessageSink,
         on_state: StateSink,
+        key: bytes | None = None,
     ) -> None:
         self.kernel_name = kernel_name
         self.cwd = cwd
@@ -87,7 +93,7 @@ class KernelHost:
         self._identity = uuid.uuid4().hex.encode()
         # Tells a reconnecting bridge whether this is still the runtime it knew.
         self.runtime_id = uuid.uuid4().hex
-        self._key = b""
+        self.key = key or new_key()
         self._lock = asyncio.Lock()
 
     # -- lifecycle -------------------------------------------------------
@@ -127,6 +133,7 @@ class KernelHost:
             ip=os.path.join(self.runtime_dir, "kernel"),
             connection_file=os.path.join(self.runtime_dir, "kernel.json"),
         )
+        km.session.key = self.key
         # Stale IPC files from a previous generation would be taken for busy ports.
         for name in os.listdir(self.runtime_dir):
             if name.startswith("kernel-"):
@@ -136,7 +143,6 @@ class KernelHost:
         self.state = KernelState(generation=self.state.generation + 1)
         self._publish_state()
         await km.start_kernel(env=dict(self.env), cwd=self.cwd)
-        self._key = km.session.key
         self._connect(km)
         self.state.alive = True
         self.state.pid = getattr(km.provisioner, "pid", None)
@@ -240,7 +246,7 @@ class KernelHost:
 
     def _dispatch(self, channel: str, frames: list[bytes | memoryview]) -> None:
         try:
-            _, _, parts = split_zmq(frames)
+            _, signature, parts = split_zmq(frames)
         except ValueError:
             log.warning("dropping malformed message on %s", channel)
             return
@@ -248,7 +254,7 @@ class KernelHost:
         parent = parent_msg_id(parts)
         internal = self._internal.get(parent) if parent is not None else None
         if internal is None:
-            self._on_message(channel, parts)
+            self._on_message(channel, parts, bytes(signature))
             return
         # Answers to the runtime's own requests, late ones included, reach no client.
         if channel == "shell":
@@ -268,13 +274,17 @@ class KernelHost:
             return None
         return self.state.execution_state
 
-    def send(self, channel: str, parts: list[bytes]) -> None:
-        """Sign parts with the kernel's key and send them on a request channel."""
+    def send(self, channel: str, parts: list[bytes], signature: bytes = b"") -> None:
+        """Send parts on a request channel, signed with the kernel's key.
+
+        ``signature``: the client's, when it signed with this same key (the kernel
+        checks it); empty, to have it signed here.
+        """
         sock = self._sockets.get(channel)
         if sock is None:
             raise KernelNotRunning("kernel is not running")
         self.state.last_activity = time.time()
-        send_now(sock, [DELIM, sign(self._key, parts), *parts])
+        send_now(sock, [DELIM, signature or sign(self.key, parts), *parts])
 
     async def _probe_ready(self, timeout: float) -> None:
         """Send kernel_info until the kernel answers on shell and iopub."""
@@ -365,6 +375,11 @@ class KernelHost:
 
 
 STATE_MODULE = "jupyter_sandbox.runtime.kernel_state"
+
+
+def new_key() -> bytes:
+    """A kernel key as jupyter_client makes them (a random UUID's hex digits)."""
+    return uuid.uuid4().hex.encode("ascii")
 
 
 @dataclass

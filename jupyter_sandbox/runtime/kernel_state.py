@@ -26,6 +26,7 @@ from typing import Any
 
 STATE_FILE = "kernel-state.pkl"
 MANIFEST_FILE = "kernel-state.json"
+KEY_FILE = "kernel-key"  # the runtime's, not the kernel's (see runtime/state.py)
 
 # Objects tied to the process: they do not survive it, whatever a pickler makes of them.
 PROCESS_BOUND: tuple[tuple[type, str], ...] = (
@@ -200,7 +201,7 @@ def restore_json(directory: str) -> str:
 
 
 def discard(directory: str) -> None:
-    for name in (STATE_FILE, STATE_FILE + ".tmp", MANIFEST_FILE):
+    for name in (STATE_FILE, STATE_FILE + ".tmp", MANIFEST_FILE, KEY_FILE):
         try:
             os.unlink(os.path.join(directory, name))
         except FileNotFoundError:

@@ -9,6 +9,7 @@ from typing import Any
 
 from .hub import ChannelHub
 from .kernel_host import KernelHost, KernelState
+from .kernel_state import KEY_FILE, has_state
 
 STATE_DIR = ".sandbox-state"
 
@@ -36,19 +37,22 @@ class RuntimeState:
             env=env,
             on_message=self.hub.publish,
             on_state=self._on_kernel_state,
+            # A resume: the suspended runtime's key, so its clients' key stays valid.
+            key=load_key(self.state_dir) if has_state(self.state_dir) else None,
         )
 
     def _on_kernel_state(self, _state: KernelState) -> None:
         self.hub.send_event(self.event_payload())
 
-    def event_payload(self) -> bytes:
-        return json.dumps(
-            {
-                "event": "kernel_state",
-                "runtime_id": self.kernel.runtime_id,
-                "kernel": self.kernel.state.to_json(),
-            }
-        ).encode()
+    def event_payload(self, *, with_key: bool = False) -> bytes:
+        event: dict[str, Any] = {
+            "event": "kernel_state",
+            "runtime_id": self.kernel.runtime_id,
+            "kernel": self.kernel.state.to_json(),
+        }
+        if with_key:
+            event["key"] = self.kernel.key.decode("ascii")
+        return json.dumps(event).encode()
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -60,3 +64,23 @@ class RuntimeState:
             "pid": os.getpid(),
             "uptime": time.time() - self.started_at,
         }
+
+
+def save_key(directory: str, key: bytes) -> None:
+    """Keep the kernel key beside the saved variables, for the runtime that loads them."""
+    path = os.path.join(directory, KEY_FILE)
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "wb") as handle:
+        handle.write(key)
+
+
+def load_key(directory: str) -> bytes | None:
+    """The key ``save_key`` kept, if it is one (hex digits and dashes), else None."""
+    try:
+        with open(os.path.join(directory, KEY_FILE), "rb") as handle:
+            key = handle.read(256).strip()
+    except OSError:
+        return None
+    if key and all(c in b"0123456789abcdef-" for c in key):
+        return key
+    return None
