@@ -15,11 +15,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import zmq
-import zmq.asyncio
 from jupyter_client.manager import AsyncKernelManager
 
 from ..protocol.messages import DELIM, parent_msg_id, sign, split_zmq
-from ..protocol.zmqsend import send_now
+from ..protocol.zmqpump import SocketPump
 from .kernel_state import discard as discard_state
 
 log = logging.getLogger(__name__)
@@ -84,9 +83,8 @@ class KernelHost:
         self._on_state = on_state
         self.state = KernelState()
         self._km: AsyncKernelManager | None = None
-        self._ctx = zmq.asyncio.Context.instance()
-        self._sockets: dict[str, zmq.asyncio.Socket] = {}
-        self._readers: list[asyncio.Task[None]] = []
+        self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
+        self._pumps: dict[str, SocketPump] = {}
         self._watcher: asyncio.Task[None] | None = None
         # The runtime's own requests (readiness probes, state saves), by msg_id.
         self._internal: OrderedDict[str, _InternalRequest] = OrderedDict()
@@ -162,12 +160,9 @@ class KernelHost:
         if self._watcher is not None:
             self._watcher.cancel()
             self._watcher = None
-        for task in self._readers:
-            task.cancel()
-        self._readers = []
-        for sock in self._sockets.values():
-            sock.close(linger=0)
-        self._sockets = {}
+        for pump in self._pumps.values():
+            pump.close()
+        self._pumps = {}
         if km is not None:
             try:
                 await km.shutdown_kernel(now=now)
@@ -197,14 +192,15 @@ class KernelHost:
             )
             sock.setsockopt(zmq.LINGER, 0)
             sock.connect(address(channel))
-            self._sockets[channel] = sock
+            self._pumps[channel] = self._pump(channel, sock)
         iopub = self._ctx.socket(zmq.SUB)
         iopub.setsockopt(zmq.SUBSCRIBE, b"")
         iopub.setsockopt(zmq.LINGER, 0)
         iopub.connect(address("iopub"))
-        self._sockets["iopub"] = iopub
-        for channel, sock in self._sockets.items():
-            self._readers.append(asyncio.create_task(self._read(channel, sock)))
+        self._pumps["iopub"] = self._pump("iopub", iopub)
+
+    def _pump(self, channel: str, sock: zmq.Socket[bytes]) -> SocketPump:
+        return SocketPump(sock, lambda received: self._received(channel, received))
 
     async def _watch(self, km: AsyncKernelManager) -> None:
         """Notice the kernel process dying (a crash, kill -9, or shutdown_request)."""
@@ -231,18 +227,10 @@ class KernelHost:
 
     # -- relay -----------------------------------------------------------
 
-    async def _read(self, channel: str, sock: zmq.asyncio.Socket) -> None:
-        while True:
-            try:
-                received = await sock.recv_multipart(copy=False)
-            except (asyncio.CancelledError, zmq.ZMQError):
-                return
-            # Large parts (output, buffers) stay in zmq's memory while sent and replayable.
-            frames = [f.buffer if len(f) > ZERO_COPY_BYTES else f.bytes for f in received]
-            try:
-                self._dispatch(channel, frames)
-            except Exception:  # one odd message must never end the relay
-                log.exception("relaying a kernel message on %s failed", channel)
+    def _received(self, channel: str, received: list[zmq.Frame]) -> None:
+        # Large parts (output, buffers) stay in zmq's memory while sent and replayable.
+        frames = [f.buffer if len(f) > ZERO_COPY_BYTES else f.bytes for f in received]
+        self._dispatch(channel, frames)
 
     def _dispatch(self, channel: str, frames: list[bytes | memoryview]) -> None:
         try:
@@ -280,11 +268,11 @@ class KernelHost:
         ``signature``: the client's, when it signed with this same key (the kernel
         checks it); empty, to have it signed here.
         """
-        sock = self._sockets.get(channel)
-        if sock is None:
+        pump = self._pumps.get(channel)
+        if pump is None:
             raise KernelNotRunning("kernel is not running")
         self.state.last_activity = time.time()
-        send_now(sock, [DELIM, signature or sign(self.key, parts), *parts])
+        pump.send([DELIM, signature or sign(self.key, parts), *parts])
 
     async def _probe_ready(self, timeout: float) -> None:
         """Send kernel_info until the kernel answers on shell and iopub."""
