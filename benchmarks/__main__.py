@@ -42,7 +42,7 @@ async def local_figures(args: argparse.Namespace) -> list[Figure]:
         await kernels.wait_pool_warm(plane, "bench")
         figures.append(await kernels.start_to_ready(plane, args.reps))
         figures.append(await kernels.start_in_notebook_dir(args.reps))
-        figures.append(await kernels.execute_round_trip(plane, args.round_trips))
+        figures += await kernels.execute_round_trip(plane, args.round_trips)
         figures += await server_path.server_figures(
             kernels.SANDBOX,
             kernels.PLAIN,

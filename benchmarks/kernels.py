@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -18,6 +19,7 @@ from jupyter_client.manager import AsyncKernelManager
 
 from jupyter_sandbox.control_plane.base import ClaimRequest
 from jupyter_sandbox.control_plane.local.client import LocalControlPlane
+from jupyter_sandbox.utils.background import background
 
 from .ports import free_port
 from .stats import Figure, Series
@@ -114,23 +116,98 @@ async def round_trips(kc: Any, reps: int) -> list[float]:
     return times
 
 
-async def execute_round_trip(plane: LocalControlPlane, reps: int) -> Figure:
+async def execute_round_trip(plane: LocalControlPlane, reps: int) -> list[Figure]:
+    """`pass` round trips, and the CPU every process on the way spent on them."""
     await wait_pool_warm(plane, "bench")
     _, skm, skc = await start_ready(SANDBOX)
     _, pkm, pkc = await start_ready(PLAIN)
     # The claim made the pool start a replacement; measure after it, not beside it.
     await wait_pool_warm(plane, "bench")
+    sandbox_provisioner: Any = skm.provisioner
+    plain_provisioner: Any = pkm.provisioner
     try:
         await round_trips(skc, 5)
         await round_trips(pkc, 5)
         sandbox, plain = Series("sandbox", "ms"), Series("plain ipykernel", "ms")
+        sandbox_cpu = Series("sandbox", "us")
+        plain_cpu = Series("plain ipykernel", "us")
+        sides = [
+            # (label, client, the kernel's process tree: bwrap, runtime, kernel; or the kernel)
+            (
+                "sandbox",
+                skc,
+                sandbox_provisioner.session.status.resources["pid"],
+                sandbox,
+                sandbox_cpu,
+            ),
+            ("plain", pkc, plain_provisioner.pid, plain, plain_cpu),
+        ]
+        roles: dict[str, list[float]] = {}
         for _ in range(max(1, reps // 10)):  # interleave so drift hits both alike
-            sandbox.values += [t * 1000 for t in await round_trips(skc, 10)]
-            plain.values += [t * 1000 for t in await round_trips(pkc, 10)]
+            for label, kc, tree, times, cpu in sides:
+                before = cpu_by_role(tree)
+                block = await round_trips(kc, 10)
+                spent = {role: ns - before.get(role, 0) for role, ns in cpu_by_role(tree).items()}
+                times.values += [t * 1000 for t in block]
+                cpu.values.append(sum(spent.values()) / len(block) / 1000)
+                for role, ns in spent.items():
+                    roles.setdefault(f"{label} {role}", []).append(ns / len(block) / 1000)
     finally:
         await stop(skm, skc)
         await stop(pkm, pkc)
-    return Figure("execute round trip of `pass`", sandbox, plain, "<= 1.3x")
+    per_role = ", ".join(f"{role} {statistics.median(v):.0f}" for role, v in sorted(roles.items()))
+    return [
+        Figure("execute round trip of `pass`", sandbox, plain, "<= 1.3x"),
+        Figure(
+            "CPU per `pass` round trip, every process on the way",
+            sandbox_cpu,
+            plain_cpu,
+            "none set",
+            notes=f"medians per round trip, in us: {per_role}",
+        ),
+    ]
+
+
+def cpu_by_role(tree: int) -> dict[str, int]:
+    """CPU time (ns) spent so far by this process (the client, and the bridge's thread)
+    and by the kernel's process tree (a plain kernel; or bwrap, runtime and kernel)."""
+    spent: dict[str, int] = {}
+    bridge_thread = background().thread.native_id
+    for tid in os.listdir("/proc/self/task"):
+        role = "bridge thread" if int(tid) == bridge_thread else "client process"
+        spent[role] = spent.get(role, 0) + _schedstat_ns(f"/proc/self/task/{tid}")
+    try:
+        root = psutil.Process(tree)
+        processes = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return spent
+    for process in processes:
+        try:
+            command = " ".join(process.cmdline())
+        except psutil.Error:
+            continue
+        role = "runtime" if "jupyter_sandbox.runtime" in command else "kernel"
+        if "bwrap" in command.split(" ", 1)[0]:
+            role = "bwrap"
+        for tid in _tasks(process.pid):
+            spent[role] = spent.get(role, 0) + _schedstat_ns(f"/proc/{process.pid}/task/{tid}")
+    return spent
+
+
+def _tasks(pid: int) -> list[str]:
+    try:
+        return os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+
+
+def _schedstat_ns(task: str) -> int:
+    """Time on a CPU, in ns (the scheduler's own count, finer than clock ticks)."""
+    try:
+        with open(f"{task}/schedstat") as handle:
+            return int(handle.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 async def _throughput(kc: Any, code: str, expected_bytes: int) -> float:
