@@ -380,3 +380,18 @@ async def suspend_via_api(server: Server, kernel_id: str) -> None:
         return bool((await claims_for(kernel_id))[0].phase == "Suspended")
 
     await wait_for(released, 60)
+
+
+def count_bridge_signatures(monkeypatch: Any) -> list[int]:
+    """One entry for every signature the bridge computes from now on (clear it to restart)."""
+    from jupyter_sandbox.kernel_provisioner import bridge
+
+    signatures: list[int] = []
+    real_sign = bridge.sign
+
+    def counted(key: bytes, parts: Any) -> bytes:
+        signatures.append(1)
+        return real_sign(key, parts)
+
+    monkeypatch.setattr(bridge, "sign", counted)
+    return signatures

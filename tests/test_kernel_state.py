@@ -7,6 +7,7 @@ define variables, suspend (the REST API, or an idle cull), run a cell that uses 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,6 +18,7 @@ from .conftest import ROOT
 from .helpers import (
     KernelSocket,
     apply_pool,
+    count_bridge_signatures,
     jupyter_server,
     start_kernel,
     suspend_via_api,
@@ -148,6 +150,23 @@ async def test_pool_options_bound_or_turn_off_saving(
         await apply_pool(pool, None)
 
 
+async def suspend_provisioned(provisioner: Any) -> str:
+    """Suspend a provisioner's sandbox as an idle cull does; its claim once Suspended."""
+    claim: str = provisioner.session.claim_name
+    await provisioner.suspend()
+    plane = LocalControlPlane()
+    try:
+
+        async def suspended() -> bool:
+            status = await plane.status(claim)
+            return status is not None and status.phase == "Suspended"
+
+        await wait_for(suspended, 60)
+    finally:
+        await plane.close()
+    return claim
+
+
 async def test_a_batch_run_suspended_between_cells_keeps_its_state() -> None:
     """nbclient: the sandbox is suspended after the first cell; the second resumes it."""
     import nbformat
@@ -165,20 +184,7 @@ async def test_a_batch_run_suspended_between_cells_keeps_its_state() -> None:
     async def suspend_after_first(cell: object, cell_index: int, execute_reply: object) -> None:
         if cell_index != 0:
             return
-        provisioner = client.km.provisioner
-        claim = provisioner.session.claim_name
-        await provisioner.suspend()
-        plane = LocalControlPlane()
-        try:
-
-            async def released() -> bool:
-                status = await plane.status(claim)
-                return status is not None and status.phase == "Suspended"
-
-            await wait_for(released, 60)
-            suspended.append(claim)
-        finally:
-            await plane.close()
+        suspended.append(await suspend_provisioned(client.km.provisioner))
 
     client.on_cell_executed = suspend_after_first
     await client.async_execute()
@@ -199,16 +205,7 @@ async def test_zmq_clients_sign_with_the_kernels_own_key_across_restart_and_susp
     same after a restart and after a suspend, so the bridge computes no signatures."""
     from jupyter_client.manager import AsyncKernelManager
 
-    from jupyter_sandbox.kernel_provisioner import bridge as bridge_module
-
-    signatures: list[int] = []
-    real_sign = bridge_module.sign
-
-    def counted(key: bytes, parts: object) -> bytes:
-        signatures.append(1)
-        return real_sign(key, parts)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(bridge_module, "sign", counted)
+    signatures = count_bridge_signatures(monkeypatch)
     km = AsyncKernelManager(kernel_name="sandbox-default")
     await km.start_kernel()
     kc = km.client()
@@ -237,19 +234,7 @@ async def test_zmq_clients_sign_with_the_kernels_own_key_across_restart_and_susp
         assert await kernels_key() == key
         assert signatures == []
 
-        provisioner = km.provisioner
-        claim = provisioner.session.claim_name  # type: ignore[union-attr]
-        await provisioner.suspend()  # type: ignore[union-attr]
-        plane = LocalControlPlane()
-        try:
-
-            async def suspended() -> bool:
-                status = await plane.status(claim)
-                return status is not None and status.phase == "Suspended"
-
-            await wait_for(suspended, 60)
-        finally:
-            await plane.close()
+        await suspend_provisioned(km.provisioner)
         assert await kernels_key() == key, "the resumed kernel has another key"
         assert await kernels_key() == key
         assert signatures == [], "after the resume the bridge signs again"

@@ -23,7 +23,6 @@ from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_sockets
 
 from jupyter_sandbox.control_plane.base import Endpoint
-from jupyter_sandbox.kernel_provisioner import bridge as bridge_module
 from jupyter_sandbox.kernel_provisioner.bridge import Bridge, channels_request
 from jupyter_sandbox.protocol import framing
 from jupyter_sandbox.protocol.messages import header, parent_msg_id, sign
@@ -33,6 +32,8 @@ from jupyter_sandbox.router.settings import RouterContext
 from jupyter_sandbox.router.tokens import Scope, TokenAuthority
 from jupyter_sandbox.router.upstreams import Upstream
 from jupyter_sandbox.server_extension.direct_channels import DirectLink
+
+from .helpers import count_bridge_signatures
 
 NS = "team-a"
 
@@ -630,9 +631,8 @@ async def test_websocket_to_unreachable_sandbox_is_502(router: dict[str, Any]) -
     assert err.value.code == 502
 
 
-@contextlib.asynccontextmanager
-async def bridged_client() -> AsyncIterator[tuple[Bridge, AsyncKernelClient]]:
-    """A bridge as a provisioner makes one, and a jupyter_client client on its sockets."""
+def make_bridge(key: bytes, on_kernel_state: Any = lambda *_: None) -> Bridge:
+    """A bridge as a provisioner makes one (every request admitted), its sockets bound."""
 
     async def relay(channel: str, head: dict[str, Any]) -> bool:
         return True
@@ -640,11 +640,21 @@ async def bridged_client() -> AsyncIterator[tuple[Bridge, AsyncKernelClient]]:
     async def ignore(failures: int) -> None:
         return None
 
-    key = uuid.uuid4().hex.encode()
     bridge = Bridge(
-        key=key, on_kernel_state=lambda *_: None, on_client_request=relay, on_disconnected=ignore
+        key=key,
+        on_kernel_state=on_kernel_state,
+        on_client_request=relay,
+        on_disconnected=ignore,
     )
     bridge.bind()
+    return bridge
+
+
+@contextlib.asynccontextmanager
+async def bridged_client() -> AsyncIterator[tuple[Bridge, AsyncKernelClient]]:
+    """A bridge as a provisioner makes one, and a jupyter_client client on its sockets."""
+    key = uuid.uuid4().hex.encode()
+    bridge = make_bridge(key)
     kc = AsyncKernelClient()
     kc.load_connection_info(
         {**bridge.connection_info(), "key": key.decode(), "signature_scheme": "hmac-sha256"}
@@ -696,14 +706,7 @@ async def test_a_bridge_signs_only_what_the_kernel_could_not(
     """Given the kernel's key (as the provisioner does), the bridge relays signatures
     and computes none; with a key of its own it signs what it relays. The client
     checks every signature either way."""
-    signatures: list[int] = []
-    real_sign = bridge_module.sign
-
-    def counted(key: bytes, parts: Any) -> bytes:
-        signatures.append(1)
-        return real_sign(key, parts)
-
-    monkeypatch.setattr(bridge_module, "sign", counted)
+    signatures = count_bridge_signatures(monkeypatch)
     endpoint = Endpoint(
         router_url=router["url"],
         namespace=NS,
@@ -711,21 +714,8 @@ async def test_a_bridge_signs_only_what_the_kernel_could_not(
         token=router["authority"].issue(Scope(NS, "box-a")),
     )
     told = asyncio.Event()
-
-    async def relay(channel: str, head: dict[str, Any]) -> bool:
-        return True
-
-    async def ignore(failures: int) -> None:
-        return None
-
     key = uuid.uuid4().hex.encode()
-    bridge = Bridge(
-        key=key,
-        on_kernel_state=lambda *_: told.set(),
-        on_client_request=relay,
-        on_disconnected=ignore,
-    )
-    bridge.bind()
+    bridge = make_bridge(key, on_kernel_state=lambda *_: told.set())
     bridge.connect(endpoint)
     kc = AsyncKernelClient()
     try:
