@@ -23,6 +23,8 @@ from collections.abc import Callable, Sequence
 
 import zmq
 
+from .zmqsend import try_send
+
 log = logging.getLogger(__name__)
 
 Receiver = Callable[[list[zmq.Frame]], None]
@@ -49,7 +51,7 @@ class SocketPump:
         """Send a multipart message now, or queue it behind those the socket refused."""
         if self._closed:
             raise zmq.ZMQError(zmq.ENOTSOCK, "the pump is closed")
-        if self._outbox or not self._send_now(frames):
+        if self._outbox or try_send(self.sock, frames) is None:
             self._outbox.append(frames)
         # The send may have taken the descriptor's edge (an arrival, or room to send).
         events = self.sock.getsockopt(zmq.EVENTS)
@@ -61,18 +63,6 @@ class SocketPump:
     def queued(self) -> int:
         """Messages waiting for the socket to take them."""
         return len(self._outbox)
-
-    def _send_now(self, frames: Sequence[bytes | memoryview]) -> bool:
-        last = len(frames) - 1
-        try:
-            self.sock.send(frames[0], zmq.NOBLOCK | (zmq.SNDMORE if last else 0), copy=False)
-        except zmq.Again:
-            return False
-        # Once the first part is queued the message is accepted whole (zmq delivers
-        # all parts or none), so the rest cannot meet a full queue.
-        for index in range(1, last + 1):
-            self.sock.send(frames[index], zmq.SNDMORE if index < last else 0, copy=False)
-        return True
 
     def _service(self) -> None:
         # Until the socket says there is nothing more to do now: each look at its
@@ -87,7 +77,7 @@ class SocketPump:
             assert isinstance(events, int)
             sent = 0
             if self._outbox and events & zmq.POLLOUT:
-                while self._outbox and self._send_now(self._outbox[0]):
+                while self._outbox and try_send(self.sock, self._outbox[0]) is not None:
                     self._outbox.popleft()
                     sent += 1
             received = self._receive_all() if events & zmq.POLLIN else 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import zmq
 import zmq.asyncio
@@ -15,20 +16,14 @@ _recheck_events: Callable[[zmq.asyncio.Socket], None] = getattr(  # noqa: B009
 )
 
 
-def send_now(
-    sock: zmq.asyncio.Socket, frames: Sequence[bytes | memoryview], *, track: bool = False
+def try_send(
+    sock: zmq.Socket[Any], frames: Sequence[bytes | memoryview], *, track: bool = False
 ) -> list[zmq.MessageTracker] | None:
-    """A direct non-blocking send; only a full queue falls back to the awaitable path.
+    """Send a multipart message without blocking; None if the socket's queue is full.
 
-    ``track``: return a tracker for each frame ZMQ sends without copying (those of
-    ``sock.copy_threshold`` bytes and more), done once ZMQ no longer needs its
-    memory; None when the send fell back (the frames' memory stays in use).
-
-    zmq.asyncio's send_multipart builds futures and registers events for every
-    frame, which costs more than the send itself at a kernel's message rate.
-    (``zmq.Socket.send_multipart(sock, ...)`` would not avoid that: it calls
-    ``sock.send``, which is the asyncio override; hence the frame loop here.)
-    ipykernel 7 met the same edge in its shell channel (ipykernel#1529).
+    ``track``: the result holds a tracker for each frame ZMQ sends without copying
+    (those of ``sock.copy_threshold`` bytes and more), done once ZMQ no longer needs
+    its memory. On any socket, zmq.asyncio's included (its own send is bypassed).
     """
     last = len(frames) - 1
     threshold = sock.copy_threshold
@@ -44,12 +39,32 @@ def send_now(
     try:
         send(0, zmq.NOBLOCK | (zmq.SNDMORE if last else 0))
     except zmq.Again:
-        sock.send_multipart(frames, copy=False)
         return None
     # Once the first part is queued the message is accepted whole (zmq delivers
     # all parts or none), so the rest cannot meet a full queue.
     for index in range(1, last + 1):
         send(index, zmq.SNDMORE if index < last else 0)
+    return trackers
+
+
+def send_now(
+    sock: zmq.asyncio.Socket, frames: Sequence[bytes | memoryview], *, track: bool = False
+) -> list[zmq.MessageTracker] | None:
+    """A direct non-blocking send; only a full queue falls back to the awaitable path.
+
+    ``track``: as for ``try_send``; None when the send fell back (the frames'
+    memory stays in use).
+
+    zmq.asyncio's send_multipart builds futures and registers events for every
+    frame, which costs more than the send itself at a kernel's message rate.
+    (``zmq.Socket.send_multipart(sock, ...)`` would not avoid that: it calls
+    ``sock.send``, which is the asyncio override; hence ``try_send``'s frame loop.)
+    ipykernel 7 met the same edge in its shell channel (ipykernel#1529).
+    """
+    trackers = try_send(sock, frames, track=track)
+    if trackers is None:
+        sock.send_multipart(frames, copy=False)
+        return None
     # libzmq's notification fd is edge-triggered and this send, unseen by
     # zmq.asyncio, may have consumed the edge announcing an incoming message: have
     # zmq.asyncio look at the socket's events again, or a pending receive sleeps.
