@@ -95,7 +95,7 @@ class Bridge:
         self._pending: deque[_Request] = deque()
         self._receive_buffers = ReceiveBuffers()
         self._endpoint: Endpoint | None = None
-        self._ws: websocket.WebSocketClientConnection | None = None
+        self._ws: ws_client.KernelWebSocket | None = None
         self._connector: asyncio.Task[None] | None = None
         self._connected = asyncio.Event()
         self._last_msg_id: str | None = None
@@ -207,7 +207,7 @@ class Bridge:
         ws = self._ws
         if ws is not None and not self._held and not self._gated and self._connected.is_set():
             try:
-                ws.write_message(self._encode(request), binary=True)
+                ws.write_binary(self._encode(request))
                 return
             except websocket.WebSocketClosedError:
                 pass
@@ -304,7 +304,7 @@ class Bridge:
         if ws is None or self._held or self._gated or not self._connected.is_set():
             return
         while self._pending:
-            ws.write_message(self._encode(self._pending.popleft()), binary=True)
+            ws.write_binary(self._encode(self._pending.popleft()))
 
     def hold(self) -> None:
         """Stop relaying (sandbox suspended): requests queue until ``connect``."""

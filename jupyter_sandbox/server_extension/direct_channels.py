@@ -142,7 +142,7 @@ class DirectLink:
     def __init__(self, session: SandboxSession) -> None:
         self.session = session
         self.streams = {channel: DirectStream(self, channel) for channel in CHANNELS}
-        self._ws: websocket.WebSocketClientConnection | None = None
+        self._ws: ws_client.KernelWebSocket | None = None
         self._connector: asyncio.Task[None] | None = None
         self._connected = asyncio.Event()
         self._pending: deque[bytes] = deque()  # frames waiting for the connection
@@ -192,7 +192,7 @@ class DirectLink:
         ws = self._ws
         if ws is not None and self._connected.is_set():
             try:
-                ws.write_message(frame, binary=True)
+                ws.write_binary(frame)
                 return
             except websocket.WebSocketClosedError:
                 pass
@@ -205,7 +205,7 @@ class DirectLink:
     def _flush(self) -> None:
         ws = self._ws
         while ws is not None and self._connected.is_set() and self._pending:
-            ws.write_message(self._pending.popleft(), binary=True)
+            ws.write_binary(self._pending.popleft())
 
     async def _resume(self) -> None:
         """Requests to a suspended sandbox: resume it (when they may), then send them."""

@@ -24,15 +24,37 @@ def _source_mentions(obj: object, name: str) -> bool:
 @pytest.mark.parametrize(
     ("what", "check"),
     [
-        # kernel_provisioner/ws_client.py: large frames read straight into their buffer
+        # kernel_provisioner/ws_client.py: its own frame reader, tornado's handling
         (
-            "tornado WebSocketProtocol13._read_bytes is a coroutine method",
-            lambda: inspect.iscoroutinefunction(websocket.WebSocketProtocol13._read_bytes),
+            "tornado WebSocketProtocol13._receive_frame_loop is a coroutine method",
+            lambda: inspect.iscoroutinefunction(websocket.WebSocketProtocol13._receive_frame_loop),
         ),
         (
-            "tornado WebSocketProtocol13 counts _wire_bytes_in",
-            lambda: _source_mentions(websocket.WebSocketProtocol13, "self._wire_bytes_in"),
+            "tornado WebSocketProtocol13._handle_message(opcode, data) handles a whole message",
+            lambda: (
+                list(inspect.signature(websocket.WebSocketProtocol13._handle_message).parameters)
+                == ["self", "opcode", "data"]
+            ),
         ),
+        (
+            "tornado WebSocketProtocol13._write_frame(fin, opcode, data) frames and masks",
+            lambda: (
+                list(inspect.signature(websocket.WebSocketProtocol13._write_frame).parameters)[:4]
+                == ["self", "fin", "opcode", "data"]
+            ),
+        ),
+        *[
+            (
+                f"tornado WebSocketProtocol13 keeps {name}",
+                lambda name=name: _source_mentions(websocket.WebSocketProtocol13, name),
+            )
+            for name in (
+                "self._wire_bytes_in",
+                "self._message_bytes_out",
+                "self._fragmented_message_buffer",
+                "self._fragmented_message_opcode",
+            )
+        ],
         (
             "tornado WebSocketClientConnection.get_websocket_protocol",
             lambda: callable(websocket.WebSocketClientConnection.get_websocket_protocol),
