@@ -73,8 +73,9 @@ def cmd_lab(args: argparse.Namespace) -> int:
         kind, detail = str(info.get("isolation")), str(info.get("isolation_detail") or "")
         # The detail usually names the kind itself ("bubblewrap: user, pid, ...").
         print(f"  isolation: {detail if detail.startswith(kind) else f'{kind}: {detail}'}")
-        if info.get("limits"):
-            print(f"  {info['limits']}")  # "limits: ..."
+        limits = str(info.get("limits") or "")
+        if limits and limits not in detail:  # confined sandboxes' detail already says it
+            print(f"  {limits}")  # "limits: ..."
         for pool in pools:
             path = install_kernelspec(pool.name, display_name=pool.display_name or None)
             print(

@@ -140,6 +140,11 @@ async def test_jupyter_sandbox_lab_serves_sandboxed_kernels(tmp_path: Path) -> N
         said = log.read_text()
         for words in ("jupyter-sandbox: daemon", "isolation:", "pool default:", "culling:"):
             assert words in said, said[:3000]
+        # How limits are enforced is said once: in the isolation line when it has it.
+        lines = said.splitlines()
+        isolation = next(line for line in lines if line.startswith("  isolation:"))
+        if "limits" in isolation:
+            assert not any(line.startswith("  limits") for line in lines), said[:3000]
         assert "suspended after 60 min, open tabs or not" in said
     finally:
         proc.terminate()
