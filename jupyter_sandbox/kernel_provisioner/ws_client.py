@@ -36,8 +36,7 @@ READ_CHUNK_BYTES = 64 * 1024
 # Handle at most this many bytes of frames that were already waiting before
 # letting other callbacks run (tornado's own reader yields the same way).
 YIELD_AFTER_BYTES = 1024 * 1024
-
-OPCODE_CONTINUATION = 0x0
+TOO_BIG = "message too big"
 
 
 class _FrameReader(websocket.WebSocketProtocol13):
@@ -60,6 +59,8 @@ class _FrameReader(websocket.WebSocketProtocol13):
                 problem = self._refuse(head)
                 if problem:
                     log.warning("closing a kernel WebSocket: %s", problem)
+                    if problem == TOO_BIG:
+                        self.close(1009, TOO_BIG)
                     self._abort()
                     return
                 end = head.start + head.size
@@ -83,15 +84,12 @@ class _FrameReader(websocket.WebSocketProtocol13):
         """Why this frame ends the connection ('' when it does not)."""
         if head.rsv or head.masked:
             return "reserved bits or a masked frame from the server"
-        if head.opcode & 0x8 and (head.size > 125 or not head.fin):
+        if head.control and (head.size > ws_frames.MAX_CONTROL_PAYLOAD or not head.fin):
             return "a control frame too long or fragmented"
         size = head.size
         if self._fragmented_message_buffer is not None:
             size += len(self._fragmented_message_buffer)
-        if size > self.params.max_message_size:
-            self.close(1009, "message too big")
-            return "message too big"
-        return ""
+        return TOO_BIG if size > self.params.max_message_size else ""
 
     async def _read_rest(self, data: bytes, start: int, size: int) -> bytes | memoryview:
         """The payload that starts at ``data[start:]`` and goes on in the stream."""
@@ -111,9 +109,9 @@ class _FrameReader(websocket.WebSocketProtocol13):
     async def _on_frame(self, head: ws_frames.FrameHeader, payload: bytes | memoryview) -> None:
         """As tornado's frame reader does once it has a whole frame."""
         opcode = head.opcode
-        if opcode & 0x8:
+        if head.control:
             pass  # control frames may come between the fragments of a message
-        elif opcode == OPCODE_CONTINUATION:
+        elif opcode == ws_frames.OPCODE_CONTINUATION:
             if self._fragmented_message_buffer is None:
                 self._abort()
                 return

@@ -22,7 +22,9 @@ from tornado.iostream import StreamClosedError
 # Below this size joining the pieces costs less than writing them one by one.
 JOIN_BELOW_BYTES = 64 * 1024
 
+OPCODE_CONTINUATION = 0x0
 OPCODE_BINARY = 0x2
+MAX_CONTROL_PAYLOAD = 125  # close, ping and pong frames carry at most this much
 _LENGTH_16 = struct.Struct("!H")
 _LENGTH_64 = struct.Struct("!Q")
 
@@ -34,6 +36,11 @@ class FrameHeader(NamedTuple):
     masked: bool
     start: int  # where the payload (after any masking key) starts
     size: int  # of the payload
+
+    @property
+    def control(self) -> bool:
+        """A close, ping or pong frame (opcodes 0x8 and up)."""
+        return bool(self.opcode & 0x8)
 
 
 def parse_header(data: bytes, pos: int) -> FrameHeader | None:
