@@ -36,13 +36,14 @@ from pathlib import Path
 import yaml
 
 from tests.cluster import crdgen
-from tests.cluster.controlplane import ControlPlane, cache_root, find_binary
+from tests.cluster.controlplane import ControlPlane, find_binary
 from tests.cluster.fixtures import crd_documents, install_crds
 from tests.helpers import stop_process
 
+from .build import build_suites, build_upstream_controller, log
+
 REPO = Path(__file__).resolve().parents[2]
 VERSION = crdgen.UPSTREAM_VERSION
-SUITES = {"e2e": "./test/e2e", "extensions": "./test/e2e/extensions"}
 # Need upstream's images, a real kubelet or a real runtime class: skipped for both.
 NOT_RUNNABLE = re.compile(r"Chrome|Python|Sandboxd|RuntimeClass|Density")
 TEST_TIMEOUT = "240s"
@@ -120,60 +121,6 @@ def kwok_stages() -> str:
             # polls every 100 ms).
             stage["spec"]["delay"] = {"durationMilliseconds": POD_START_MILLISECONDS}
     return yaml.safe_dump_all([*kept, *ours], sort_keys=False)
-
-
-def log(msg: str) -> None:
-    print(f"[upstream-e2e] {msg}", file=sys.stderr, flush=True)
-
-
-def _go_env() -> dict[str, str]:
-    env = {
-        **os.environ,
-        "GOMODCACHE": str(cache_root() / "gomodcache"),
-        "GOCACHE": str(cache_root() / "gocache"),
-        "GOTOOLCHAIN": "local",
-        "CGO_ENABLED": "0",
-    }
-    env.pop("GOFLAGS", None)
-    return env
-
-
-def build_suites() -> dict[str, Path]:
-    """The compiled test binaries of both suites (cached by version)."""
-    out_dir = cache_root() / f"agent-sandbox-{VERSION}" / "e2e"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    module = crdgen.go_module(crdgen.UPSTREAM_MODULE, VERSION)
-    go = crdgen.go_binary()
-    assert go is not None
-    binaries = {}
-    for suite, package in SUITES.items():
-        exe = out_dir / f"{suite}.test"
-        if not exe.exists():
-            log(f"building {package} of {crdgen.UPSTREAM_MODULE}@{VERSION}")
-            tmp = exe.with_suffix(".tmp")
-            subprocess.run(
-                [go, "test", "-c", "-o", str(tmp), package],
-                cwd=module,
-                env=_go_env(),
-                check=True,
-                timeout=1800,
-            )
-            tmp.rename(exe)
-        binaries[suite] = exe
-    return binaries
-
-
-def build_upstream_controller() -> Path:
-    env = {**os.environ, "AGENT_SANDBOX_VERSION": VERSION}
-    out = subprocess.run(
-        ["bash", str(REPO / "benchmarks" / "build-upstream.sh"), "controller"],
-        env=env,
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=1800,
-    ).stdout
-    return Path(out.strip().splitlines()[-1])
 
 
 def runnable_tests(binary: Path) -> list[str]:
