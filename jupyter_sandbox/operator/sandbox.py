@@ -269,6 +269,32 @@ def sandbox_conditions(
     return set_condition(conds, "Ready", "False", "DependenciesNotReady", msg, gen)
 
 
+def _present(status: dict) -> dict:
+    return {k: v for k, v in status.items() if v not in (None, [], "")}
+
+
+def node_name_only_change(old: dict, new: dict) -> bool:
+    """True when the status would change by ``nodeName`` alone while not Ready.
+
+    Upstream's ``updateStatus`` skips that write: a pod is bound (nodeName set)
+    moments after it is created and well before it runs, so the node name rides
+    along with the next write, normally the Ready transition. Writing it on its own
+    adds a resourceVersion change within milliseconds of the Sandbox's creation,
+    which a client's read-modify-write of a new Sandbox meets as a 409 conflict.
+    Once Ready, a node change is written through.
+    """
+    if old.get("nodeName") == new.get("nodeName"):
+        return False
+    if any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in new.get("conditions") or []
+    ):
+        return False
+    rest_old = {k: v for k, v in old.items() if k != "nodeName"}
+    rest_new = {k: v for k, v in new.items() if k != "nodeName"}
+    return rest_old == rest_new
+
+
 class SandboxReconciler:
     name = "sandbox"
 
@@ -589,9 +615,9 @@ class SandboxReconciler:
     # -- status ------------------------------------------------------------------
 
     async def _write_status(self, sb: dict, old: dict, new: dict) -> None:
-        clean = {k: v for k, v in new.items() if v not in (None, [], "")}
-        old_clean = {k: v for k, v in old.items() if v not in (None, [], "")}
-        if clean == old_clean:
+        clean = _present(new)
+        old_clean = _present(old)
+        if clean == old_clean or node_name_only_change(old_clean, clean):
             return
         patch = dict(clean)
         for k in old_clean:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import datetime as dt
+import itertools
+from collections.abc import Callable
 
 import pytest
 
@@ -65,6 +67,51 @@ def test_children_shape_ownership_and_ready(kube, operator, make_pv):
     with pytest.raises(ApiException) as ei:
         kube.patch(SB, "sb1", {"spec": {"volumeClaimTemplates": []}})
     assert ei.value.status == 422
+
+
+def _watch_writes(kube, name: str, until: Callable[[dict], bool], timeout: float) -> list[dict]:
+    """Every version of Sandbox ``name`` a watch sees until ``until`` holds."""
+    from kubernetes import watch
+
+    g, v, p = SB
+    seen: list[dict] = []
+    w = watch.Watch()
+    for ev in w.stream(
+        kube.co.list_namespaced_custom_object,
+        g,
+        v,
+        kube.ns,
+        p,
+        field_selector=f"metadata.name={name}",
+        timeout_seconds=int(timeout),
+    ):
+        seen.append(ev["object"])
+        if until(ev["object"]):
+            w.stop()
+    return seen
+
+
+def test_a_new_sandbox_is_written_as_upstream_writes_it(kube, operator):
+    """Between creation and Ready the operator writes only status, and never the
+    node name on its own (upstream defers it to the next status write): a write
+    that upstream's controller does not make lands in a client's read-modify-write
+    of a new Sandbox as a 409 (upstream's TestSandboxVolumeClaimTemplatesImmutable).
+    """
+    created = kube.create(SB, sandbox_body("writes"))
+    versions = _watch_writes(kube, "writes", is_ready, 60)
+    assert versions and is_ready(versions[-1]), "the Sandbox never became Ready"
+    assert versions[0]["metadata"]["resourceVersion"] == created["metadata"]["resourceVersion"]
+    for before, after in itertools.pairwise(versions):
+        for part in ("spec", "metadata"):
+            a = {k: x for k, x in before[part].items() if k not in ("resourceVersion", "managedFields")}
+            b = {k: x for k, x in after[part].items() if k not in ("resourceVersion", "managedFields")}
+            assert a == b, f"the operator wrote the Sandbox's {part}: {a} -> {b}"
+        old, new = before.get("status") or {}, after.get("status") or {}
+        changed = {k for k in set(old) | set(new) if old.get(k) != new.get(k)}
+        assert changed != {"nodeName"}, f"a write of the node name alone: {old} -> {new}"
+    # creation, the first reconcile's conditions, then what the pod's progress brings:
+    # bound and scheduled, then Ready (kwok may make the pod Ready at once)
+    assert 3 <= len(versions) <= 4, [sorted((x.get("status") or {})) for x in versions]
 
 
 def test_suspend_keeps_pvc_and_service_resume_recreates_pod(kube, operator, make_pv):

@@ -6,7 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from jupyter_sandbox.operator.sandbox import ChildConflict, sandbox_conditions
+from jupyter_sandbox.operator.sandbox import (
+    ChildConflict,
+    node_name_only_change,
+    sandbox_conditions,
+)
 
 UID = "sb-uid"
 
@@ -202,3 +206,48 @@ def test_a_condition_keeps_its_transition_time_while_its_status_holds() -> None:
     resumed = sandbox_conditions(sandbox(), again, None, None, None, None, None, 5)
     suspended = next(c for c in resumed if c["type"] == "Suspended")
     assert suspended["lastTransitionTime"] != "2026-01-01T00:00:00Z"
+
+
+NOT_READY = [{"type": "Ready", "status": "False", "reason": "DependenciesNotReady"}]
+READY = [{"type": "Ready", "status": "True", "reason": "DependenciesReady"}]
+NODE_NAME_CASES = {
+    # (old status, new status, skipped?)
+    "the pod was bound: nodeName alone, not Ready": (
+        {"conditions": NOT_READY},
+        {"conditions": NOT_READY, "nodeName": "n1"},
+        True,
+    ),
+    "nodeName cleared alone, not Ready": (
+        {"conditions": NOT_READY, "nodeName": "n1"},
+        {"conditions": NOT_READY},
+        True,
+    ),
+    "nodeName with the Ready transition": (
+        {"conditions": NOT_READY},
+        {"conditions": READY, "nodeName": "n1", "podIPs": ["10.0.0.7"]},
+        False,
+    ),
+    "nodeName changes on a Ready sandbox": (
+        {"conditions": READY, "nodeName": "n1"},
+        {"conditions": READY, "nodeName": "n2"},
+        False,
+    ),
+    "nodeName with another field": (
+        {"conditions": NOT_READY},
+        {"conditions": NOT_READY, "nodeName": "n1", "selector": "x=y"},
+        False,
+    ),
+    "no nodeName change": (
+        {"conditions": NOT_READY},
+        {"conditions": READY},
+        False,
+    ),
+}
+
+
+@pytest.mark.parametrize("case", NODE_NAME_CASES, ids=list(NODE_NAME_CASES))
+def test_a_status_write_of_the_node_name_alone_waits_for_the_next_one(case: str) -> None:
+    """Upstream's updateStatus defers it; so must we, or a new Sandbox gets a write
+    moments after its creation that upstream's controller does not make."""
+    old, new, skipped = NODE_NAME_CASES[case]
+    assert node_name_only_change(old, new) is skipped

@@ -9,6 +9,8 @@ controller, each on a fresh control plane:
     python -m tests.upstream_e2e --record            # run upstream's controller and
                                                      # write its results for --check
     python -m tests.upstream_e2e --build-only        # compile the suites (no packages needed)
+    python -m tests.upstream_e2e --writes 20         # each controller's writes to a new
+                                                     # Sandbox, and what a client's update meets
 
 Upstream's controller does not change between our commits, so what it passes at a
 given upstream version is recorded once (``results/<version>.json``, written by
@@ -80,6 +82,13 @@ def main(argv: list[str] | None = None) -> int:
         help="run upstream's controller and write its results to results/<version>.json",
     )
     p.add_argument("--build-only", action="store_true", help="compile the suites and stop")
+    p.add_argument(
+        "--writes",
+        type=int,
+        metavar="N",
+        default=0,
+        help="create N Sandboxes per controller and show what each controller writes",
+    )
     args = p.parse_args(argv)
     record = None if args.record else load_record()
     if args.build_only:
@@ -101,6 +110,12 @@ def main(argv: list[str] | None = None) -> int:
     # stopped (CI timeout, Ctrl-C from a wrapper): still stop the control planes
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="upstream-e2e-"))
+    if args.writes:
+        from .writes import measure, report
+
+        both = ["ours", "upstream"] if args.controller in (None, "both") else [args.controller]
+        report({c: measure(c, workdir / f"writes-{c}", args.writes) for c in both})
+        return 0
     results = {c: run(c, workdir / c, args.only) for c in controllers}
     print(f"\nagent-sandbox {VERSION} e2e suites (logs in {workdir})")
     print("| suite | test | " + " | ".join(controllers) + " |")
