@@ -286,8 +286,7 @@ def node_name_only_change(old: dict, new: dict) -> bool:
     if old.get("nodeName") == new.get("nodeName"):
         return False
     if any(
-        c.get("type") == "Ready" and c.get("status") == "True"
-        for c in new.get("conditions") or []
+        c.get("type") == "Ready" and c.get("status") == "True" for c in new.get("conditions") or []
     ):
         return False
     rest_old = {k: v for k, v in old.items() if k != "nodeName"}

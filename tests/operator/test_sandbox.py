@@ -103,15 +103,16 @@ def test_a_new_sandbox_is_written_as_upstream_writes_it(kube, operator):
     assert versions[0]["metadata"]["resourceVersion"] == created["metadata"]["resourceVersion"]
     for before, after in itertools.pairwise(versions):
         for part in ("spec", "metadata"):
-            a = {k: x for k, x in before[part].items() if k not in ("resourceVersion", "managedFields")}
-            b = {k: x for k, x in after[part].items() if k not in ("resourceVersion", "managedFields")}
+            volatile = ("resourceVersion", "managedFields")
+            a = {k: x for k, x in before[part].items() if k not in volatile}
+            b = {k: x for k, x in after[part].items() if k not in volatile}
             assert a == b, f"the operator wrote the Sandbox's {part}: {a} -> {b}"
         old, new = before.get("status") or {}, after.get("status") or {}
         changed = {k for k in set(old) | set(new) if old.get(k) != new.get(k)}
         assert changed != {"nodeName"}, f"a write of the node name alone: {old} -> {new}"
     # creation, the first reconcile's conditions, then what the pod's progress brings:
     # bound and scheduled, then Ready (kwok may make the pod Ready at once)
-    assert 3 <= len(versions) <= 4, [sorted((x.get("status") or {})) for x in versions]
+    assert 3 <= len(versions) <= 4, [sorted(x.get("status") or {}) for x in versions]
 
 
 def test_suspend_keeps_pvc_and_service_resume_recreates_pod(kube, operator, make_pv):

@@ -210,6 +210,35 @@ async def _concurrent_get(sb: Sandbox, path: str, count: int) -> list[httpx.Resp
         )
 
 
+PROC_WRITE_PROBE = """
+import json
+out = {}
+for path in ("/proc/sys/kernel/core_pattern", "/proc/sys/kernel/core_uses_pid",
+             "/proc/sys/fs/protected_symlinks", "/proc/sys/net/core/somaxconn",
+             "/proc/sysrq-trigger"):
+    try:
+        with open(path, "w"):
+            out[path] = "writable"
+    except OSError as e:
+        out[path] = e.strerror
+out["hostname"] = open("/proc/sys/kernel/hostname").read().strip()
+print(json.dumps(out))
+"""
+
+
+def test_host_wide_kernel_settings_are_read_only_inside(client: SandboxClient) -> None:
+    """The review opened /proc/sys/kernel/core_pattern for writing from a sandbox of
+    a daemon running as root (its uid maps to host root, and bwrap leaves /proc/sys
+    alone): a pipe there plus a crash runs a command as host root."""
+    with client.create_sandbox(warmpool="default", sandbox_ready_timeout=120) as sb:
+        sb.files.write("probe.py", PROC_WRITE_PROBE)
+        got = json.loads(sb.commands.run("python3 probe.py").stdout)
+    hostname = got.pop("hostname")
+    assert {path: why for path, why in got.items() if why == "writable"} == {}
+    # read-only, not hidden: the sandbox still reads its own namespaced values
+    assert hostname == "sandbox"
+
+
 def test_a_dangling_link_in_the_runtime_directory_does_not_wedge_the_claim(
     client: SandboxClient,
 ) -> None:

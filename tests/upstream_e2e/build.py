@@ -73,5 +73,3 @@ def build_upstream_controller() -> Path:
         timeout=1800,
     ).stdout
     return Path(out.strip().splitlines()[-1])
-
-

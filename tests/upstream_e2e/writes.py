@@ -55,7 +55,8 @@ def _changed(old: dict | None, new: dict) -> str:
     if "conditions" in keys:
         co = {c["type"]: c.get("status") for c in so.get("conditions") or []}
         cn = {c["type"]: c.get("status") for c in sn.get("conditions") or []}
-        diff = [f"{t}={cn.get(t, '-')}" for t in sorted(set(co) | set(cn)) if co.get(t) != cn.get(t)]
+        types = sorted(set(co) | set(cn))
+        diff = [f"{t}={cn.get(t, '-')}" for t in types if co.get(t) != cn.get(t)]
         keys[keys.index("conditions")] = "conditions(" + ",".join(diff) + ")"
     if keys:
         parts.append("status." + "+".join(keys))
@@ -141,7 +142,8 @@ def report(results: dict[str, list[Trial]]) -> None:
         print(f"\n## {controller}: writes to a new Sandbox (first trial, ms after create)")
         for t, what in trials[0].writes:
             print(f"  {t:8.1f} ms  {what}")
-        print(f"  read-modify-write of the test: {trials[0].update} at {trials[0].update_at:.1f} ms")
+        first = trials[0]
+        print(f"  read-modify-write of the test: {first.update} at {first.update_at:.1f} ms")
         seqs = Counter(
             tuple(w for _, w in tr.writes if not w.startswith("spec.volumeClaimTemplates"))
             for tr in trials

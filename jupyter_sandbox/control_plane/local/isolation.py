@@ -262,6 +262,28 @@ def package_parent() -> str | None:
     return None if os.path.realpath(parent) in site_dirs else parent
 
 
+# Host-wide kernel settings and triggers under /proc: read-only in every sandbox.
+# bwrap covers a few of these only where the sandbox's uid can already write them
+# (it checks access(W_OK)), so it skips /proc/sys itself (a 0555 directory) while
+# the root-owned files in it stay writable to a sandbox mapped to host root.
+PROC_READ_ONLY = ("sys", "sysrq-trigger", "irq", "bus", "fs")
+
+
+def proc_covers() -> list[str]:
+    """bwrap arguments binding PROC_READ_ONLY read-only over the sandbox's /proc.
+
+    The bind's source is the host's /proc entry: the same kernel objects, and the
+    namespaced ones (net.*, kernel.hostname, ...) are still the reader's own,
+    since sysctl lookups follow the namespaces of the process that looks.
+    """
+    args: list[str] = []
+    for name in PROC_READ_ONLY:
+        path = f"/proc/{name}"
+        if os.path.exists(path):
+            args += ["--ro-bind", path, path]
+    return args
+
+
 @dataclass(frozen=True)
 class Confinement:
     """What one sandbox's bubblewrap is given besides its directories."""
@@ -324,7 +346,7 @@ def bwrap_command(
             args += ["--ro-bind", path, path]
     # The private /tmp goes in before the Python installation: a virtualenv under
     # /tmp must be bound on top of it, not hidden by it.
-    args += ["--proc", "/proc", "--dev", "/dev"]
+    args += ["--proc", "/proc", *proc_covers(), "--dev", "/dev"]
     if c.tmp_bytes:
         args += ["--size", str(c.tmp_bytes)]
     args += ["--perms", "1777", "--tmpfs", "/tmp", "--dir", "/run"]
