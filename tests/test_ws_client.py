@@ -176,3 +176,52 @@ async def test_write_binary_reaches_the_server_and_fails_once_closed(server: str
     ws.close()
     with pytest.raises(websocket.WebSocketClosedError):
         ws.write_binary(b"late")
+
+
+async def test_a_flood_of_empty_frames_lets_the_loop_run_between_them(server: str) -> None:
+    """A hostile runtime answered with empty frames faster than they were handled:
+    the reader counted payload bytes only, never yielded, and stalled the Jupyter
+    server's loop (and every other kernel's messages on it) for as long as it liked."""
+    count = 60_000
+    RawServer.script = [frame(b"") * count]
+    ticks = 0
+    stop = False
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while not stop:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    _, messages = await connect(server)
+    task = asyncio.create_task(ticker())
+    got = await receive(messages, count)
+    stop = True
+    await task
+    assert got == [b""] * count
+    # every frame counts FRAME_CHARGE_BYTES towards a yield: about 58 here
+    expected = count * ws_client.FRAME_CHARGE_BYTES // ws_client.YIELD_AFTER_BYTES
+    assert ticks >= expected // 2, (ticks, expected)
+
+
+async def test_a_ping_flood_closes_the_connection(server: str) -> None:
+    RawServer.script = [frame(b"before"), frame(b"p", opcode=0x9) * 1000, frame(b"never")]
+    ws, messages = await connect(server)
+    assert await receive(messages, 2) == [b"before", None]
+    assert len(RawServer.pongs) <= ws_client.CONTROL_BURST
+    assert ws.close_code in (1008, None)
+
+
+async def test_a_declared_size_costs_nothing_until_its_bytes_arrive(server: str) -> None:
+    """A 10-byte header declaring 400 MiB, and then nothing: the host allocated and
+    zeroed the whole buffer at once."""
+    import psutil
+
+    size = 400 * 1024 * 1024
+    RawServer.script = [frame_header(size) + b"x" * 1000]
+    before = psutil.Process().memory_info().rss
+    ws, _ = await connect(server, max_message_size=1 << 30)
+    await asyncio.sleep(0.5)  # the reader is now waiting for the rest of the payload
+    grown = psutil.Process().memory_info().rss - before
+    ws.close()
+    assert grown < 64 * 1024 * 1024, f"the reader committed {grown >> 20} MiB for nothing"

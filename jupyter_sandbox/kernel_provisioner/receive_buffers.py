@@ -8,11 +8,17 @@ pays again. The bridge hands a received message's large parts to ZMQ without
 copying them; once ZMQ says it is done with them (a ``MessageTracker``), the
 buffer can take the next large message. Spare buffers are dropped after a few
 seconds without large messages, so an idle kernel pins no memory.
+
+A new buffer is anonymous memory that the kernel commits page by page as the
+payload is written into it (``lazy_buffer``), not a zero-filled ``bytearray``:
+a frame header declaring a large size, sent by a runtime that then sends
+nothing, costs the host nothing until the bytes arrive.
 """
 
 from __future__ import annotations
 
 import asyncio
+import mmap
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -24,9 +30,14 @@ MAX_BUFFERS = 3  # spare and in flight, per pool
 MAX_SPARE_BYTES = 256 * 1024 * 1024
 
 
+def lazy_buffer(size: int) -> memoryview:
+    """``size`` writable bytes, committed only as they are written."""
+    return memoryview(mmap.mmap(-1, size))
+
+
 @dataclass
 class _Buffer:
-    data: bytearray
+    data: mmap.mmap
     trackers: Sequence[zmq.MessageTracker] = ()
     last_used: float = field(default_factory=time.monotonic)
 
@@ -59,12 +70,12 @@ class ReceiveBuffers:
                 self.reused += 1
                 return memoryview(entry.data)[:size]
         self.allocated += 1
-        return memoryview(bytearray(size))
+        return lazy_buffer(size)
 
     def recycle(self, view: object, trackers: Sequence[zmq.MessageTracker]) -> None:
         """Give back a view from ``take`` once its sends are tracked (no-op for others)."""
-        # Views from ``take`` are the only memoryviews over a bytearray the bridge gets.
-        if not isinstance(view, memoryview) or not isinstance(view.obj, bytearray):
+        # Views from ``take`` are the only memoryviews over an mmap the bridge gets.
+        if not isinstance(view, memoryview) or not isinstance(view.obj, mmap.mmap):
             return
         data = view.obj
         if any(entry.data is data for entry in self._buffers):

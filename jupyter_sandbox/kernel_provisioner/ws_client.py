@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from asyncio import Future
 from collections.abc import Callable
 from typing import Any
@@ -27,7 +28,7 @@ from tornado import httpclient, httputil, websocket
 from tornado.iostream import StreamClosedError
 
 from ..protocol import ws_frames
-from .receive_buffers import ReceiveBuffers
+from .receive_buffers import ReceiveBuffers, lazy_buffer
 
 log = logging.getLogger(__name__)
 
@@ -36,11 +37,22 @@ READ_CHUNK_BYTES = 64 * 1024
 # Handle at most this many bytes of frames that were already waiting before
 # letting other callbacks run (tornado's own reader yields the same way).
 YIELD_AFTER_BYTES = 1024 * 1024
+# What a frame costs at least towards that: a flood of empty frames from a hostile
+# runtime must not keep the Jupyter server's shared loop to itself.
+FRAME_CHARGE_BYTES = 1024
+# Control frames (pings are answered with a pong each) a runtime may send in a burst,
+# refilled at this rate per second; beyond it the connection is closed.
+CONTROL_BURST = 64
+CONTROL_PER_SECOND = 16.0
 TOO_BIG = "message too big"
+CONTROL_FLOOD = "too many control frames"
 
 
 class _FrameReader(websocket.WebSocketProtocol13):
     """Reads frames from whatever has arrived; never negotiates compression."""
+
+    _control_tokens = float(CONTROL_BURST)
+    _control_checked = 0.0
 
     async def _receive_frame_loop(self) -> None:
         assert self.stream is not None
@@ -59,8 +71,8 @@ class _FrameReader(websocket.WebSocketProtocol13):
                 problem = self._refuse(head)
                 if problem:
                     log.warning("closing a kernel WebSocket: %s", problem)
-                    if problem == TOO_BIG:
-                        self.close(1009, TOO_BIG)
+                    if problem in CLOSE_CODES:
+                        self.close(CLOSE_CODES[problem], problem)
                     self._abort()
                     return
                 end = head.start + head.size
@@ -71,7 +83,7 @@ class _FrameReader(websocket.WebSocketProtocol13):
                     payload = await self._read_rest(data, head.start, head.size)
                     data, pos = b"", 0
                 await self._on_frame(head, payload)
-                work += head.size
+                work += max(head.size, FRAME_CHARGE_BYTES)
                 if work >= YIELD_AFTER_BYTES:
                     work = 0
                     await asyncio.sleep(0)
@@ -86,10 +98,23 @@ class _FrameReader(websocket.WebSocketProtocol13):
             return "reserved bits or a masked frame from the server"
         if head.control and (head.size > ws_frames.MAX_CONTROL_PAYLOAD or not head.fin):
             return "a control frame too long or fragmented"
+        if head.control and not self._spend_control_token():
+            return CONTROL_FLOOD
         size = head.size
         if self._fragmented_message_buffer is not None:
             size += len(self._fragmented_message_buffer)
         return TOO_BIG if size > self.params.max_message_size else ""
+
+    def _spend_control_token(self) -> bool:
+        now = time.monotonic()
+        elapsed, self._control_checked = now - self._control_checked, now
+        self._control_tokens = min(
+            float(CONTROL_BURST), self._control_tokens + elapsed * CONTROL_PER_SECOND
+        )
+        if self._control_tokens < 1:
+            return False
+        self._control_tokens -= 1
+        return True
 
     async def _read_rest(self, data: bytes, start: int, size: int) -> bytes | memoryview:
         """The payload that starts at ``data[start:]`` and goes on in the stream."""
@@ -100,7 +125,7 @@ class _FrameReader(websocket.WebSocketProtocol13):
             self._wire_bytes_in += len(rest)
             return data[start:] + rest
         pool = getattr(self.handler, "receive_buffers", None)
-        buffer = pool.take(size) if pool is not None else memoryview(bytearray(size))
+        buffer = pool.take(size) if pool is not None else lazy_buffer(size)
         buffer[:have] = data[start:]
         await self.stream.read_into(buffer[have:])  # type: ignore[arg-type]  # any writable buffer
         self._wire_bytes_in += size - have
@@ -132,6 +157,8 @@ class _FrameReader(websocket.WebSocketProtocol13):
         if handled is not None:
             await handled
 
+
+CLOSE_CODES = {TOO_BIG: 1009, CONTROL_FLOOD: 1008}
 
 OpenCallback = Callable[[websocket.WebSocketClientConnection], None]
 
