@@ -239,6 +239,33 @@ def test_host_wide_kernel_settings_are_read_only_inside(client: SandboxClient) -
     assert hostname == "sandbox"
 
 
+SITECUSTOMIZE = """
+import os
+cmdline = open("/proc/self/cmdline", "rb").read()
+if b"jupyter_sandbox.runtime" in cmdline and b"ipykernel" not in cmdline:
+    with open("/workspace/runtime-hijacked", "w") as marker:
+        marker.write(str(os.getpid()))
+"""
+
+
+def test_the_runtime_restarts_from_the_installation_not_the_workspace(
+    client: SandboxClient,
+) -> None:
+    """The review planted sitecustomize.py in the workspace's packages (on the
+    runtime's own PYTHONPATH), killed the runtime, and the daemon restarted it with
+    the attacker's code in place of the runtime server."""
+    with client.create_sandbox(warmpool="default", sandbox_ready_timeout=120) as sb:
+        pid, started = runtime_pid(sb), runtime_started(sb)
+        sb.files.write(".local/packages/sitecustomize.py", SITECUSTOMIZE)
+        sb.commands.run(f"/bin/sh -c '(sleep 0.5; kill -KILL {pid}) >/dev/null 2>&1 &'")
+        wait_for_new_runtime(sb, started, 90)
+        assert not sb.files.exists("runtime-hijacked"), "the restarted runtime ran sitecustomize"
+        # the kernel still gets the workspace's packages on its path
+        sb.files.write(".local/packages/planted_module.py", "VALUE = 42\n")
+        run = sb.commands.run("python3 -c 'import planted_module; print(planted_module.VALUE)'")
+        assert run.stdout.strip() == "42", run
+
+
 def test_a_dangling_link_in_the_runtime_directory_does_not_wedge_the_claim(
     client: SandboxClient,
 ) -> None:

@@ -8,6 +8,7 @@ are installed (``python -m tests.upstream_e2e --build-only``).
 
 from __future__ import annotations
 
+import fcntl
 import os
 import subprocess
 import sys
@@ -45,21 +46,28 @@ def build_suites() -> dict[str, Path]:
     go = crdgen.go_binary()
     assert go is not None
     binaries = {}
-    for suite, package in SUITES.items():
-        exe = out_dir / f"{suite}.test"
-        if not exe.exists():
-            log(f"building {package} of {crdgen.UPSTREAM_MODULE}@{VERSION}")
-            tmp = exe.with_suffix(".tmp")
-            subprocess.run(
-                [go, "test", "-c", "-o", str(tmp), package],
-                cwd=module,
-                env=_go_env(),
-                check=True,
-                timeout=1800,
-            )
-            tmp.rename(exe)
-        binaries[suite] = exe
+    # one build at a time per cache (two CI runs, or a run and a developer)
+    with open(out_dir / ".build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        for suite, package in SUITES.items():
+            binaries[suite] = _build_suite(out_dir, suite, package, module, go)
     return binaries
+
+
+def _build_suite(out_dir: Path, suite: str, package: str, module: Path, go: str) -> Path:
+    exe = out_dir / f"{suite}.test"
+    if not exe.exists():
+        log(f"building {package} of {crdgen.UPSTREAM_MODULE}@{VERSION}")
+        tmp = exe.with_suffix(".tmp")
+        subprocess.run(
+            [go, "test", "-c", "-o", str(tmp), package],
+            cwd=module,
+            env=_go_env(),
+            check=True,
+            timeout=1800,
+        )
+        tmp.rename(exe)
+    return exe
 
 
 def build_upstream_controller() -> Path:

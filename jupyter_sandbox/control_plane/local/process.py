@@ -110,6 +110,26 @@ def sandbox_env(spec: LaunchSpec, isolation: Isolation) -> dict[str, str]:
     return env
 
 
+def runtime_python() -> list[str]:
+    """How a sandbox's runtime server is started: from the installation alone.
+
+    ``-I`` (isolated mode) ignores ``PYTHONPATH``, every other ``PYTHON*`` variable,
+    the user's site directory and the working directory: the runtime never imports
+    what the sandbox wrote (a ``sitecustomize.py`` in the workspace's packages
+    replaced the runtime at its next restart). The kernel it starts still gets the
+    sandbox's ``PYTHONPATH``, with the workspace's and the pool's packages. An
+    editable install or a source checkout puts the package's parent on the path
+    here, a directory the sandbox sees read-only.
+    """
+    parent = package_parent()
+    path = f"sys.path.insert(0, {parent!r}); " if parent else ""
+    bootstrap = (
+        f"import runpy, sys; {path}"
+        "runpy.run_module('jupyter_sandbox.runtime', run_name='__main__', alter_sys=True)"
+    )
+    return [sys.executable, "-I", "-u", "-c", bootstrap]
+
+
 class SandboxProcess:
     """A runtime server (and its pre-started kernel) in one sandbox."""
 
@@ -240,10 +260,7 @@ class SandboxProcess:
         isolated = self.isolation.isolated
         workspace = WORKSPACE if isolated else str(spec.workspace)
         inner = [
-            sys.executable,
-            "-P",
-            "-m",
-            "jupyter_sandbox.runtime",
+            *runtime_python(),
             "--listen-fd",
             str(listen_fd),
             "--workspace",
