@@ -3,15 +3,18 @@
 The runtime serves upstream agent-sandbox's file endpoints (``list/``,
 ``download/``, ``upload``), confined to the workspace. Copy mode and the
 workspace browser both use them through these calls; what a sandbox answers is
-untrusted, so every download is bounded by the size its caller expects.
+untrusted, so every download is bounded by the size its caller expects and
+paced by its sink, a listing by LIST_MAX_BYTES, and any other answer by
+ANSWER_MAX_BYTES, each before it is held in memory or parsed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 from urllib.parse import quote
@@ -19,6 +22,14 @@ from urllib.parse import quote
 from tornado import httpclient
 
 from ..control_plane.base import Endpoint
+
+# A directory listing (JSON, about 100 bytes an entry): 160,000 entries or so.
+LIST_MAX_BYTES = 16 * 1024 * 1024
+# Anything else the runtime answers in one piece (an upload's acknowledgement).
+ANSWER_MAX_BYTES = 1024 * 1024
+# A sink may return an awaitable; the download reads nothing more until it is done
+# (anything else it returns, say a file's write count, is ignored).
+Sink = Callable[[bytes], Awaitable[None] | object]
 
 
 class RuntimeFileError(Exception):
@@ -38,64 +49,86 @@ class UploadPart:
 
 async def list_dir(endpoint: Endpoint, path: str) -> list[dict[str, Any]]:
     """The entries of one workspace directory: name, size, type, mod_time."""
-    body = await _fetch(
+    what = f"list {path or '.'}"
+    body = bytearray()
+    stream = _Answer(what, LIST_MAX_BYTES, body.extend, f"{what}: the listing is over")
+    await _fetch(
         httpclient.HTTPRequest(
             endpoint.url("list/" + quote(path, safe="/")),
             headers=endpoint.headers(),
             request_timeout=60,
             connect_timeout=10,
         ),
-        f"list {path or '.'}",
+        what,
+        stream,
     )
     try:
         entries = json.loads(body or b"[]")
     except ValueError:
-        raise RuntimeFileError(f"list {path or '.'}: the runtime's answer is not JSON") from None
+        raise RuntimeFileError(f"{what}: the runtime's answer is not JSON") from None
     if not isinstance(entries, list):
-        raise RuntimeFileError(f"list {path or '.'}: the runtime's answer is not a list")
+        raise RuntimeFileError(f"{what}: the runtime's answer is not a list")
     return [e for e in entries if isinstance(e, dict)]
 
 
-async def download(
-    endpoint: Endpoint, path: str, sink: Callable[[bytes], object], max_bytes: int
-) -> int:
-    """Stream a workspace file into ``sink``; more than ``max_bytes`` is an error."""
-    received = 0
-    status = 0
-    refusal = bytearray()
+async def download(endpoint: Endpoint, path: str, sink: Sink, max_bytes: int) -> int:
+    """Stream a workspace file into ``sink``; more than ``max_bytes`` is an error.
 
-    def head(line: str) -> None:
-        nonlocal status
-        if line.startswith("HTTP/"):
-            status = int(line.split()[1])
-
-    def take(chunk: bytes) -> None:
-        nonlocal received
-        if status >= 400:  # the runtime's refusal, kept for the message
-            refusal.extend(chunk[: 300 - len(refusal)])
-            return
-        received += len(chunk)
-        if received > max_bytes:
-            raise RuntimeFileError(f"{path} is larger than {max_bytes} bytes", 413)
-        sink(chunk)
-
-    request = httpclient.HTTPRequest(
-        endpoint.url("download/" + quote(path, safe="/")),
-        headers=endpoint.headers(),
-        header_callback=head,
-        streaming_callback=take,
-        request_timeout=600,
-        connect_timeout=10,
+    When ``sink`` returns an awaitable (a handler's ``flush``), nothing more is read
+    from the runtime until it is done: a file streams at the pace of whoever takes it,
+    with at most one chunk held here.
+    """
+    stream = _Answer(f"download {path}", max_bytes, sink, f"{path} is larger than")
+    await _fetch(
+        httpclient.HTTPRequest(
+            endpoint.url("download/" + quote(path, safe="/")),
+            headers=endpoint.headers(),
+            request_timeout=600,
+            connect_timeout=10,
+        ),
+        stream.what,
+        stream,
     )
-    try:
-        await _fetch(request, f"download {path}")
-    except RuntimeFileError as exc:
-        if refusal:
-            raise RuntimeFileError(
-                f"the runtime refused {path} ({status}: {_message(bytes(refusal))})", status
-            ) from None
-        raise exc from None
-    return received
+    return stream.received
+
+
+class _Answer:
+    """A runtime's answer as it streams in: its status, a bound, and where it goes."""
+
+    def __init__(self, what: str, max_bytes: int, sink: Sink, too_big: str) -> None:
+        self.what = what
+        self.max_bytes = max_bytes
+        self.sink = sink
+        self.too_big = too_big
+        self.status = 0
+        self.received = 0
+        self.refusal = bytearray()
+        self.failure: RuntimeFileError | None = None
+
+    def head(self, line: str) -> None:
+        if line.startswith("HTTP/"):
+            self.status = int(line.split()[1])
+
+    def take(self, chunk: bytes) -> Awaitable[None] | None:
+        if self.status >= 400:  # the runtime's refusal, kept for the message
+            self.refusal.extend(chunk[: 300 - len(self.refusal)])
+            return None
+        self.received += len(chunk)
+        if self.received > self.max_bytes:
+            # kept here too: tornado does not always chain a callback's error
+            self.failure = RuntimeFileError(f"{self.too_big} {self.max_bytes} bytes", 413)
+            raise self.failure
+        taken = self.sink(chunk)
+        # tornado awaits what the callback returns before it reads on
+        return taken if inspect.isawaitable(taken) else None
+
+    def refused(self) -> RuntimeFileError | None:
+        if not self.refusal:
+            return None
+        return RuntimeFileError(
+            f"the runtime refused {self.what} ({self.status}: {_message(bytes(self.refusal))})",
+            self.status,
+        )
 
 
 async def upload(endpoint: Endpoint, parts: list[UploadPart]) -> None:
@@ -140,19 +173,32 @@ async def upload(endpoint: Endpoint, parts: list[UploadPart]) -> None:
     await _fetch(request, "upload")
 
 
-async def _fetch(request: httpclient.HTTPRequest, what: str) -> bytes:
-    client = httpclient.AsyncHTTPClient(force_instance=True, max_body_size=1 << 40)
+async def _fetch(
+    request: httpclient.HTTPRequest, what: str, answer: _Answer | None = None
+) -> bytes:
+    """The runtime's answer. With ``answer`` its body streams through it (bounded,
+    paced by its sink) and nothing is held here; without, the body is held up to
+    ANSWER_MAX_BYTES."""
+    if answer is not None:
+        request.header_callback = answer.head
+        request.streaming_callback = answer.take
+    # a streamed answer is bounded by ``answer`` itself, at the size its caller expects
+    held = ANSWER_MAX_BYTES if answer is None else 1 << 40
+    client = httpclient.AsyncHTTPClient(force_instance=True, max_body_size=held)
     try:
         response = await client.fetch(request, raise_error=False)
-    except RuntimeFileError:
-        raise
-    except Exception as exc:  # a callback's error (as its context) or a dropped connection
+    except Exception as exc:  # a callback's error, a dropped connection, an oversized body
+        if answer is not None and answer.failure is not None:
+            raise answer.failure from None
         if isinstance(exc.__context__, RuntimeFileError):
             raise exc.__context__ from None
         raise RuntimeFileError(f"{what}: sandbox runtime unreachable: {exc}") from None
     finally:
         client.close()
     if response.code == 599 or response.code >= 400:
+        refused = answer.refused() if answer is not None else None
+        if refused is not None:
+            raise refused
         if isinstance(response.error, RuntimeFileError):
             raise response.error
         status = response.code if response.code != 599 else 502

@@ -19,6 +19,7 @@ import mimetypes
 import os
 import tempfile
 import time
+from collections.abc import Awaitable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -231,13 +232,20 @@ class DownloadHandler(_WorkspaceHandler):
         self.set_header("Content-Disposition", f'attachment; filename="{name}"')
         try:
             await runtime_files.download(
-                endpoint, path, self.write, max(int(entry.get("size") or 0), 0) + (1 << 20)
+                endpoint, path, self._pass_on, max(int(entry.get("size") or 0), 0) + (1 << 20)
             )
         except runtime_files.RuntimeFileError as exc:
             if self._headers_written:
                 raise
             raise http_error(exc) from None
         self.finish()
+
+    def _pass_on(self, chunk: bytes) -> Awaitable[None]:
+        """Send a chunk on at once; the download reads on when the browser took it,
+        so the server never holds more of a file than a chunk and the socket buffers
+        (it held the whole file: 4 GB for a sparse 1.5 GB file)."""
+        self.write(chunk)
+        return self.flush()
 
 
 def _decode(body: dict[str, Any]) -> bytes:
