@@ -136,3 +136,23 @@ def test_the_notebook_directory_is_bound_under_the_installation_and_git_stays_re
     assert ["--ro-bind", str(tmp_path), str(tmp_path)] == read_only[
         read_only.index(str(tmp_path)) - 1 : read_only.index(str(tmp_path)) + 2
     ]
+
+
+def test_the_daemon_makes_workspace_directories_through_no_link(tmp_path: Path) -> None:
+    """A sandbox planted .local -> ~/.ssh; the daemon's mkdir(parents=True) at the
+    next start created ~/.ssh/packages on the host."""
+    from jupyter_sandbox.control_plane.local.paths import make_dirs_inside
+
+    workspace, home_ssh = tmp_path / "workspace", tmp_path / "home" / ".ssh"
+    workspace.mkdir()
+    home_ssh.mkdir(parents=True)
+    (workspace / ".local").symlink_to(home_ssh)
+    assert make_dirs_inside(workspace, ".local/packages") is False
+    assert list(home_ssh.iterdir()) == []
+    (workspace / ".local").unlink()
+    (workspace / ".local").write_text("a file")
+    assert make_dirs_inside(workspace, ".local/packages") is False
+    (workspace / ".local").unlink()
+    assert make_dirs_inside(workspace, ".local/packages") is True
+    assert (workspace / ".local" / "packages").is_dir()
+    assert make_dirs_inside(workspace, ".local/packages") is True  # idempotent

@@ -38,6 +38,9 @@ from jupyter_sandbox.control_plane.local.packages import (
         "--trusted-host example.org",
         "--pre",
         "--only-binary :all:",
+        "--pre --prefer-binary",
+        "--index-url https://example.org/simple --trusted-host example.org",
+        "-ihttps://example.org/simple --pre",
         "pkg @ https://example.org/pkg-1.0-py3-none-any.whl",
         "/srv/wheels/pkg-1.0-py3-none-any.whl",
     ],
@@ -61,6 +64,10 @@ def test_lines_that_choose_packages_and_sources_are_accepted(line: str) -> None:
         ("-r other.txt", "nested requirements file"),
         ("--requirement=/etc/passwd", "nested requirements file"),
         ("-c constraints.txt", "constraints file"),
+        ("--pre -r /root/.ssh/id_rsa", "nested requirements file"),
+        ("--index-url https://example.org/simple -r /etc/shadow", "nested requirements file"),
+        ("--no-index --target=/x", "the daemon chooses where"),
+        ("--pre /root/.ssh/id_rsa", "neither an option"),
         ("--global-option=--prefix=/x", "not supported"),
         ("pkg --config-settings=x=y", "not supported"),
         ("pkg --install-option=--prefix=/x", "not supported"),
@@ -112,6 +119,12 @@ def test_the_hash_changes_with_the_lines_only() -> None:
         ("https://token@example.org/simple", True),
         ("https://__token__:@example.org/simple", True),
         ("https://example.org/simple?token=abc", True),
+        ("https://host/s3cr3tT0k3n/simple", True),
+        ("https://pypi.fury.io/1a2b3c4d5e6f/alice/", True),
+        ("https://example.org/api/pypi/pypi-remote/simple", False),
+        ("https://example.org/repository/pypi-proxy/simple/", False),
+        ("https://devpi.example.org/root/pypi/+simple/", False),
+        ("https://example.org/py3/simple", False),
     ],
 )
 def test_urls_with_credentials_are_recognized(url: str, secret: bool) -> None:
@@ -137,7 +150,8 @@ def test_forwarding_drops_credentials_and_says_why(tmp_path: Path) -> None:
     ca.write_text("-----BEGIN CERTIFICATE-----\n")
     settings = {
         "index-url": "https://alice:s3cret@private.example/simple",
-        "extra-index-url": "https://public.example/simple https://tok@x.example/simple",
+        "extra-index-url": "https://public.example/simple https://tok@x.example/simple "
+        "https://host.example/s3cr3tT0k3n/simple",
         "trusted-host": "public.example",
         "cert": str(ca),
     }
@@ -149,7 +163,7 @@ def test_forwarding_drops_credentials_and_says_why(tmp_path: Path) -> None:
     }
     assert result.files == [str(ca)]
     said = " ".join(result.dropped)
-    assert "s3cret" not in said and "tok@" not in said
+    assert "s3cret" not in said and "tok@" not in said and "T0k3n" not in said
     assert "credentials" in said and "SSL_CERT_FILE=/nonexistent.pem" in said
 
 

@@ -26,7 +26,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from ..base import InvalidRequest
 
@@ -50,6 +50,15 @@ SOURCE_OPTIONS = {
     "--only-binary": "--only-binary",
     "--no-binary": "--no-binary",
     "--require-hashes": "--require-hashes",
+}
+# The source options above that take a value.
+VALUE_OPTIONS = {
+    "--index-url",
+    "--extra-index-url",
+    "--find-links",
+    "--trusted-host",
+    "--only-binary",
+    "--no-binary",
 }
 # Options that would read or write files outside the pool's environment.
 REFUSED_OPTIONS = {
@@ -108,17 +117,32 @@ def _line_problem(line: str) -> str:
         return "environment variables are not expanded in a pool's requirements"
     words = line.split()
     if line.startswith("-"):
-        name = _option_name(words[0])
-        if name in REFUSED_OPTIONS:
-            return REFUSED_OPTIONS[name]
-        if name not in SOURCE_OPTIONS:
-            return f"option {name} is not supported here"
-        return ""
+        return _options_problem(words)
     if line.startswith("."):
         return "a relative path means nothing to the daemon; use an absolute path or --find-links"
     for word in words[1:]:
         if word.startswith("-") and _option_name(word) not in PER_REQUIREMENT_OPTIONS:
             return f"option {_option_name(word)} is not supported here"
+    return ""
+
+
+def _options_problem(words: list[str]) -> str:
+    """Every option on an option line, not the first only (``--pre -r ~/.ssh/id_rsa``
+    was accepted, and pip printed the key's first line into the pool's log)."""
+    expect_value = False
+    for word in words:
+        if expect_value:
+            expect_value = False
+            continue
+        if not word.startswith("-"):
+            return f"{word[:100]!r} is neither an option nor an option's value"
+        name = _option_name(word)
+        if name in REFUSED_OPTIONS:
+            return REFUSED_OPTIONS[name]
+        if name not in SOURCE_OPTIONS:
+            return f"option {name} is not supported here"
+        attached = "=" in word if word.startswith("--") else len(word) > 2
+        expect_value = SOURCE_OPTIONS[name] in VALUE_OPTIONS and not attached
     return ""
 
 
@@ -152,12 +176,27 @@ class PipForwarding:
 
 
 def has_credentials(url: str) -> bool:
-    """Whether a URL carries something secret: user info, or a query string (tokens)."""
+    """Whether a URL may carry something secret: user info, a query string, or a path
+    segment that looks like a token (``https://host/s3cr3tT0k3n/simple``, the way
+    some hosted indexes put one): letters and digits mixed in 8 characters or more.
+
+    A plain index path (``/simple``, ``/api/pypi/pypi-remote/simple``,
+    ``/root/pypi/+simple``) is not; a path we cannot tell from a token is treated as
+    one, since the cost of a wrong guess is a pool's index set by hand, not a leak.
+    """
     try:
         parts = urlsplit(url)
     except ValueError:
         return True
-    return "@" in parts.netloc or bool(parts.query)
+    if "@" in parts.netloc or parts.query or parts.fragment:
+        return True
+    return any(_token_like(segment) for segment in unquote(parts.path).split("/"))
+
+
+def _token_like(segment: str) -> bool:
+    letters = any(c.isalpha() for c in segment)
+    digits = any(c.isdigit() for c in segment)
+    return len(segment) >= 8 and letters and digits
 
 
 def _redacted(url: str) -> str:
@@ -166,9 +205,10 @@ def _redacted(url: str) -> str:
     except ValueError:
         return "<unparsable URL>"
     host = parts.netloc.rpartition("@")[2]
-    if "@" in parts.netloc:
-        return f"{parts.scheme}://***@{host}{parts.path}"
-    return f"{parts.scheme}://{host}{parts.path}?***"
+    user = "***@" if "@" in parts.netloc else ""
+    path = "/".join("***" if _token_like(unquote(s)) else s for s in parts.path.split("/"))
+    query = "?***" if parts.query or parts.fragment else ""
+    return f"{parts.scheme}://{user}{host}{path}{query}"
 
 
 def effective_settings(items: Iterable[tuple[str, str]]) -> dict[str, str]:
@@ -226,8 +266,9 @@ def forwarding(
 def _forwardable(url: str, key: str, result: PipForwarding) -> bool:
     if has_credentials(url):
         result.dropped.append(
-            f"{key} {_redacted(url)}: it carries credentials, and a secret must never "
-            "reach the untrusted code in a sandbox"
+            f"{key} {_redacted(url)}: it carries credentials (or a path that may be "
+            "a token), and a secret must never reach the untrusted code in a sandbox; "
+            "give a pool an index URL that is safe to share in its requirements"
         )
         return False
     if urlsplit(url).scheme not in ("http", "https"):

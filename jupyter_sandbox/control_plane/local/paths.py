@@ -26,6 +26,33 @@ def private_dir(path: Path) -> Path:
     return path
 
 
+def make_dirs_inside(top: Path, relative: str) -> bool:
+    """Create ``top/relative`` one level at a time, never through a symbolic link.
+
+    ``top`` is the daemon's own (a workspace); what is below it the sandbox may
+    have written, so a planted ``.local -> ~/.ssh`` must not make the daemon
+    create directories in the user's home. False when a level is a link or not a
+    directory: the directory is then not made.
+    """
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(top, flags)
+    try:
+        for name in Path(relative).parts:
+            try:
+                os.mkdir(name, 0o755, dir_fd=fd)
+            except FileExistsError:
+                pass
+            try:
+                below = os.open(name, flags, dir_fd=fd)
+            except OSError:  # a link (ELOOP) or a file (ENOTDIR)
+                return False
+            os.close(fd)
+            fd = below
+        return True
+    finally:
+        os.close(fd)
+
+
 def socket_path(base: Path) -> Path:
     return base / "daemon.sock"
 

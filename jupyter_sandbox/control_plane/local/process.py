@@ -29,7 +29,7 @@ from .isolation import (
     package_parent,
 )
 from .network import NetnsHandshake, UserNetwork, user_network_available, write_sandbox_resolv_conf
-from .paths import private_dir
+from .paths import make_dirs_inside, private_dir
 
 log = logging.getLogger(__name__)
 
@@ -169,7 +169,8 @@ class SandboxProcess:
         private_dir(spec.workspace)
         private_dir(spec.runtime_dir)
         # Present from the start, so packages installed later import without a restart.
-        (spec.workspace / PACKAGES_DIR).mkdir(parents=True, exist_ok=True)
+        if not make_dirs_inside(spec.workspace, PACKAGES_DIR):
+            log.warning("%s: %s is not a directory; not made", spec.name, PACKAGES_DIR)
         env = sandbox_env(spec, self.isolation)
         shake = NetnsHandshake() if self._wants_user_network() else None
         listener = self._bind_listener()
