@@ -18,13 +18,19 @@ class RuntimeCallError(Exception):
         self.status = status
 
 
+# The kernel endpoints answer a few hundred bytes of JSON; what a runtime sends is
+# untrusted, so anything larger is refused before it is held or parsed.
+MAX_ANSWER_BYTES = 1024 * 1024
+
 _client: httpclient.AsyncHTTPClient | None = None
 
 
 def _http() -> httpclient.AsyncHTTPClient:
     global _client
     if _client is None:
-        _client = httpclient.AsyncHTTPClient(force_instance=True, max_clients=50)
+        _client = httpclient.AsyncHTTPClient(
+            force_instance=True, max_clients=50, max_body_size=MAX_ANSWER_BYTES
+        )
     return _client
 
 
@@ -43,7 +49,18 @@ async def call(
         response = await _http().fetch(request, raise_error=False)
     except OSError as exc:
         raise RuntimeCallError(f"sandbox runtime unreachable: {exc}") from None
+    except httpclient.HTTPClientError as exc:  # a dropped connection, an answer too large
+        raise RuntimeCallError(
+            f"runtime {path}: no usable answer ({exc}; answers stop at {MAX_ANSWER_BYTES} bytes)"
+        ) from None
     if response.code == 599 or response.code >= 400:
-        detail = response.body.decode(errors="replace") if response.body else str(response.error)
+        body = (response.body or b"")[:300]
+        detail = body.decode(errors="replace") if body else str(response.error)
         raise RuntimeCallError(f"runtime {path} answered {response.code}: {detail}", response.code)
-    return json.loads(response.body or b"{}")  # type: ignore[no-any-return]
+    try:
+        answer = json.loads(response.body or b"{}")
+    except ValueError:
+        raise RuntimeCallError(f"runtime {path}: the answer is not JSON") from None
+    if not isinstance(answer, dict):
+        raise RuntimeCallError(f"runtime {path}: the answer is not a JSON object")
+    return answer

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import signal
 from typing import Any
 
 from jupyter_client.connect import KernelConnectionInfo
@@ -196,8 +195,8 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
 
     async def terminate(self, restart: bool = False) -> None:
         # SIGTERM lets the kernel exit cleanly; poll() tells when it is gone.
-        if self._session is not None and not self._session.suspended:
-            await self.send_signal(signal.SIGTERM)
+        if self._session is not None:
+            await background().run(self._session.terminate())
 
     async def cleanup(self, restart: bool = False) -> None:
         if restart or self._session is None:

@@ -294,6 +294,19 @@ class SandboxSession:
         else:
             await call(self.endpoint, "POST", "api/kernel/signal", {"signum": int(signum)})
 
+    async def terminate(self) -> None:
+        """Ask the kernel process to exit (SIGTERM); a runtime that refuses is passed
+        over for a kill, which takes the kernel as dead whatever the runtime says:
+        a shutdown must go on to release the claim (a runtime answering 404 made
+        DELETE /api/sessions fail with 500 and left the claim running)."""
+        if self.suspended:
+            return
+        try:
+            await self.signal(signal.SIGTERM)
+        except RuntimeCallError as exc:
+            log.info("terminate: the runtime refused SIGTERM (%s); killing the kernel", exc)
+            await self.kill()
+
     async def kill(self) -> None:
         """Kill the kernel process (not the sandbox)."""
         if self.suspended:

@@ -1,5 +1,6 @@
-"""The host's calls to a runtime's file API against a hostile runtime: a tornado
-app on loopback plays a sandbox that answers with more than it was asked for.
+"""The host's calls to a runtime against a hostile runtime: a tornado app on
+loopback plays a sandbox whose runtime answers with more than it was asked for,
+with what is not JSON, or refuses what a shutdown needs.
 
 The review's figures: a 400 MB listing cost the Jupyter server 839 MB (copy-back
 lists at every suspend and shutdown), and a 1.5 GB sparse file, which costs the
@@ -10,13 +11,16 @@ download handler, which held the whole file.
 from __future__ import annotations
 
 import asyncio
+import signal
 from collections.abc import AsyncIterator
 
 import pytest
 from tornado import httpserver, testing, web
 
+from jupyter_sandbox.control_plane import runtime_client
 from jupyter_sandbox.control_plane.base import Endpoint
 from jupyter_sandbox.kernel_provisioner import runtime_files
+from jupyter_sandbox.kernel_provisioner.session import SandboxSession
 
 CHUNK = 64 * 1024
 
@@ -29,6 +33,19 @@ class HugeListing(web.RequestHandler):
         for _ in range(runtime_files.LIST_MAX_BYTES // len(entry) + 10):
             self.write(entry)
         self.write(b'{"name": "last"}]')
+
+
+class KernelCalls(web.RequestHandler):
+    """/api/kernel/*: signal refused, status huge, info not JSON."""
+
+    def post(self, what: str) -> None:
+        if what in ("signal", "interrupt"):
+            self.set_status(404)
+            self.finish({"message": "no such kernel"})
+        elif what == "status":
+            self.finish(b"{" + b'"x": 1,' * 400_000 + b'"y": 2}')
+        else:
+            self.finish(b"<html>not json</html>")
 
 
 class EndlessFile(web.RequestHandler):
@@ -49,7 +66,13 @@ class EndlessFile(web.RequestHandler):
 async def runtime() -> AsyncIterator[Endpoint]:
     sock, port = testing.bind_unused_port()
     server = httpserver.HTTPServer(
-        web.Application([(r"/list/(.*)", HugeListing), (r"/download/(.*)", EndlessFile)])
+        web.Application(
+            [
+                (r"/list/(.*)", HugeListing),
+                (r"/download/(.*)", EndlessFile),
+                (r"/api/kernel/(.*)", KernelCalls),
+            ]
+        )
     )
     server.add_sockets([sock])
     yield Endpoint(f"http://127.0.0.1:{port}", "ns", "hostile")
@@ -76,3 +99,26 @@ async def test_a_download_goes_at_the_pace_of_its_sink(runtime: Endpoint) -> Non
         await runtime_files.download(runtime, "big", slow, 16 * 1024 * 1024)
     ahead = EndlessFile.sent - taken
     assert ahead < 16 * 1024 * 1024, f"the runtime got {ahead >> 20} MiB ahead of the sink"
+
+
+@pytest.mark.parametrize(
+    ("what", "why"),
+    [("status", "no usable answer"), ("info", "not JSON"), ("signal", "answered 404")],
+)
+async def test_a_kernel_call_answer_is_bounded_and_checked(
+    runtime: Endpoint, what: str, why: str
+) -> None:
+    with pytest.raises(runtime_client.RuntimeCallError, match=why):
+        await runtime_client.call(runtime, "POST", f"api/kernel/{what}", {"signum": 15})
+
+
+async def test_a_shutdown_goes_on_when_the_runtime_refuses_the_signals(runtime: Endpoint) -> None:
+    """The review's runtime answered /api/kernel/signal with 404: DELETE
+    /api/sessions failed with 500 and the claim stayed. terminate() now takes a
+    refusing runtime's kernel as killed, so jupyter_client goes on to cleanup."""
+    session = SandboxSession.__new__(SandboxSession)
+    session.endpoint = runtime
+    session.suspended = False
+    session.exit_code = None
+    await session.terminate()
+    assert session.exit_code == -signal.SIGKILL
