@@ -126,7 +126,8 @@ def main(argv: list[str] | None = None) -> int:
             cells = []
             for c in controllers:
                 o = results[c][suite][i]
-                cells.append(f"{'pass' if o.passed else 'FAIL'} ({o.seconds:.0f} s)")
+                race = f", {o.races_lost} lost race" if o.races_lost else ""
+                cells.append(f"{'pass' if o.passed else 'FAIL'} ({o.seconds:.0f} s{race})")
             print(f"| {suite} | {outcome.test} | " + " | ".join(cells) + " |")
     for c in controllers:
         total = [o for outcomes in results[c].values() for o in outcomes]

@@ -130,12 +130,28 @@ def runnable_tests(binary: Path) -> list[str]:
     return [t for t in out.split() if t.startswith("Test") and not NOT_RUNNABLE.search(t)]
 
 
+# Tests that race any controller, ours or upstream's, and how their lost race reads.
+# TestSandboxVolumeClaimTemplatesImmutable creates a Sandbox, reads it and updates it
+# at once; a controller's first status write (both write one, the same one, in the
+# same order: python -m tests.upstream_e2e --writes) that lands between the read and
+# the update makes the API server answer 409 before it validates. Upstream's
+# controller loses it too (1 in 20 there, 4 in 20 for ours, on 2 cores). Such a test
+# is run again, up to RACE_RETRIES times, only when its failure is that conflict;
+# the table says so, and any other failure fails at once.
+RACES = {
+    "TestSandboxVolumeClaimTemplatesImmutable": "the object has been modified; please "
+    "apply your changes to the latest version and try again",
+}
+RACE_RETRIES = 2
+
+
 @dataclass
 class Outcome:
     test: str
     passed: bool
     seconds: float
     output: str = field(repr=False, default="")
+    races_lost: int = 0  # runs that failed only by the race RACES names
 
 
 def _apply(cp: ControlPlane, docs: list[dict]) -> None:
@@ -250,6 +266,27 @@ def cluster_with(controller: str, workdir: Path) -> Iterator[ControlPlane]:
 
 
 def run_test(binary: Path, test: str, cp: ControlPlane, artifacts: Path) -> Outcome:
+    """One test; again (RACE_RETRIES at most) only when it lost the race RACES names."""
+    outcome = _run_once(binary, test, cp, artifacts)
+    race = RACES.get(test)
+    while race is not None and _lost_race(outcome, race) and outcome.races_lost < RACE_RETRIES:
+        log(f"{test} lost its create-read-update race (409); running it again")
+        again = _run_once(binary, test, cp, artifacts)
+        again.races_lost = outcome.races_lost + 1
+        again.output = outcome.output + "\n--- run again after a lost race ---\n" + again.output
+        outcome = again
+    return outcome
+
+
+def _lost_race(outcome: Outcome, race: str) -> bool:
+    """Failed, and every failure it reports is the race's conflict."""
+    if outcome.passed:
+        return False
+    errors = [line for line in outcome.output.splitlines() if "Error:" in line]
+    return bool(errors) and all(race in line for line in errors)
+
+
+def _run_once(binary: Path, test: str, cp: ControlPlane, artifacts: Path) -> Outcome:
     env = {**os.environ, "KUBECONFIG": str(cp.kubeconfig), "ARTIFACTS": str(artifacts)}
     start = time.monotonic()
     proc = subprocess.run(
