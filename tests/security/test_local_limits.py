@@ -26,11 +26,11 @@ MAX_PROCESSES = 50
 TMP_MB = 128
 
 FILL_TMP = """
-import os
+import os, sys
 written = 0
 block = b"x" * (1 << 20)
 try:
-    with open("/tmp/fill", "wb") as handle:
+    with open(sys.argv[1] if len(sys.argv) > 1 else "/tmp/fill", "wb") as handle:
         for _ in range(1536):
             handle.write(block)
             written += 1
@@ -62,9 +62,9 @@ def warm_daemon_module(sandbox_home: Path) -> Path:
     return sandbox_home
 
 
-def run(sb: Sandbox, code: str) -> str:
+def run(sb: Sandbox, code: str, *args: str) -> str:
     sb.files.write("attack.py", code)
-    result = sb.commands.run("python3 attack.py", timeout=120)
+    result = sb.commands.run(" ".join(["python3 attack.py", *args]), timeout=120)
     return result.stdout + result.stderr
 
 
@@ -80,6 +80,17 @@ def test_the_private_tmp_cannot_outgrow_its_size(limited: Sandbox) -> None:
     written = int(out.split("written_mb")[1].split()[0])
     assert written <= TMP_MB, out
     assert "stopped 28" in out, out  # ENOSPC
+
+
+def test_dev_shm_is_sized_and_dev_itself_takes_no_files(limited: Sandbox) -> None:
+    """/dev was an unsized tmpfs the sandbox owned (/dev/shm a directory of it): the
+    review put 1.3 GB there in a 1 GB pool."""
+    out = run(limited, FILL_TMP, "/dev/shm/fill")
+    written = int(out.split("written_mb")[1].split()[0])
+    assert written <= TMP_MB, out
+    assert "stopped 28" in out, out  # ENOSPC
+    out = run(limited, FILL_TMP, "/dev/fill")
+    assert "stopped 30" in out and "written_mb 0" in out, out  # EROFS
 
 
 def test_the_sandbox_says_how_limits_are_enforced(limited: Sandbox) -> None:

@@ -301,6 +301,10 @@ class Confinement:
     ro_files: tuple[str, ...] = ()  # single files (CA bundles), read-only at their own path
 
 
+def _sized(size: int | None) -> list[str]:
+    return ["--size", str(size)] if size else []
+
+
 def bwrap_command(
     *,
     workspace: str,
@@ -347,9 +351,13 @@ def bwrap_command(
     # The private /tmp goes in before the Python installation: a virtualenv under
     # /tmp must be bound on top of it, not hidden by it.
     args += ["--proc", "/proc", *proc_covers(), "--dev", "/dev"]
-    if c.tmp_bytes:
-        args += ["--size", str(c.tmp_bytes)]
-    args += ["--perms", "1777", "--tmpfs", "/tmp", "--dir", "/run"]
+    # bwrap's /dev is an unsized tmpfs the sandbox's uid owns: a file written there
+    # or in /dev/shm (a directory of it) escaped every memory bound. /dev/shm gets a
+    # tmpfs of its own, sized like /tmp, and /dev itself is made read-only (its
+    # device nodes are bind mounts of their own and keep working).
+    args += [*_sized(c.tmp_bytes), "--perms", "1777", "--tmpfs", "/dev/shm"]
+    args += ["--remount-ro", "/dev"]
+    args += [*_sized(c.tmp_bytes), "--perms", "1777", "--tmpfs", "/tmp", "--dir", "/run"]
     # The notebook's directory goes in before the Python installation, so a
     # virtualenv kept inside a project stays read-only on top of it.
     if c.files_dir:
