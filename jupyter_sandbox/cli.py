@@ -437,9 +437,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-network", action="store_true", help="loopback only: no network at all"
     )
     create.add_argument(
-        "--memory-mb", type=int, help="memory limit, /tmp included (a cgroup where available)"
+        "--memory-mb",
+        type=int,
+        help="memory limit, /tmp and /dev/shm included (a cgroup where available; "
+        "default 4096 or half the machine where cgroups enforce it; 0: none)",
     )
-    create.add_argument("--max-processes", type=int, help="process limit (default 1024)")
+    create.add_argument(
+        "--max-processes", type=int, help="process and thread limit (default 1024; 0: none)"
+    )
     create.add_argument("--cpus", type=float, help="CPU quota in cores (a cgroup)")
     create.add_argument("--tmp-mb", type=int, help="size of the private /tmp (default 1024)")
     create.add_argument("--display-name", help="the kernel's name in JupyterLab's launcher")

@@ -16,6 +16,7 @@ import pytest
 from jupyter_sandbox.client import Sandbox, SandboxClient
 from jupyter_sandbox.control_plane.local.client import LocalControlPlane
 from jupyter_sandbox.control_plane.local.isolation import probe
+from jupyter_sandbox.control_plane.local.model import DEFAULT_MAX_PROCESSES
 from tests.helpers import apply_pool
 from tests.security.test_limits_and_seccomp import FORK_BOMB
 
@@ -91,6 +92,19 @@ def test_dev_shm_is_sized_and_dev_itself_takes_no_files(limited: Sandbox) -> Non
     assert "stopped 28" in out, out  # ENOSPC
     out = run(limited, FILL_TMP, "/dev/fill")
     assert "stopped 30" in out and "written_mb 0" in out, out  # EROFS
+
+
+MANY_PROCESSES = FORK_BOMB.replace("range(300)", "range(1500)")
+
+
+def test_a_pool_that_names_no_limit_still_has_a_process_limit(sandbox_home: Path) -> None:
+    """As an ordinary user without a delegated cgroup, the default pool had no process
+    limit at all (the review started 1,500 processes; the README said 1024)."""
+    with SandboxClient() as client:
+        with client.create_sandbox(warmpool="default", sandbox_ready_timeout=120) as sb:
+            out = run(sb, MANY_PROCESSES)
+    started = int(out.split()[0])
+    assert started < DEFAULT_MAX_PROCESSES, out
 
 
 def test_the_sandbox_says_how_limits_are_enforced(limited: Sandbox) -> None:

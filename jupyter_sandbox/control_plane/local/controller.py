@@ -66,7 +66,6 @@ RESYNC_SECONDS = 2.0
 READY_TIMEOUT = 120.0
 MAX_QUICK_RESTARTS = 5
 # Without a configured limit a sandbox still cannot fork-bomb the machine.
-DEFAULT_MAX_PIDS = 1024
 
 
 class LocalController:
@@ -566,10 +565,11 @@ class LocalController:
             pool_packages=Path(sandbox.pool_packages) if sandbox.pool_packages else None,
             ro_files=tuple(self.pip.files) if pool.pip_config else (),
         )
-        if spec.cgroup is None and pool.max_processes:
+        processes = pool.process_limit()
+        if spec.cgroup is None and processes is not None:
             # RLIMIT_NPROC counts every process and thread of the user, not the
             # sandbox's: allow this many more than the user runs now.
-            spec.limits.max_processes = _user_tasks() + pool.max_processes
+            spec.limits.max_processes = _user_tasks() + processes
         proc = SandboxProcess(spec, self.isolation)
         self.processes[sandbox.name] = proc
         sandbox.ready = False
@@ -673,8 +673,8 @@ class LocalController:
         try:
             return self.cgroups.create(
                 self._cgroup_prefix + name,
-                memory_bytes=pool.memory_mb * 1024 * 1024 if pool.memory_mb else None,
-                max_pids=pool.max_processes or DEFAULT_MAX_PIDS,
+                memory_bytes=pool.cgroup_memory_bytes(),
+                max_pids=pool.process_limit(),
                 cpu_quota_fraction=pool.cpus,
             )
         except (OSError, CgroupError) as exc:

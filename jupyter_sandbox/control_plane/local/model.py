@@ -20,6 +20,11 @@ LABEL_KEY = re.compile(r"^([a-z0-9.-]{1,253}/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[
 MAX_LABEL_VALUE = 253
 NAMESPACE = "local"
 DEFAULT_TMP_MB = 1024
+# A pool that names no memory limit gets this much where cgroups enforce one (the
+# whole sandbox: kernel, commands, /tmp and /dev/shm), at most half the machine.
+DEFAULT_MEMORY_MB = 4096
+# ... and no more processes and threads than this, whether by cgroup or rlimit.
+DEFAULT_MAX_PROCESSES = 1024
 
 
 def check_name(kind: str, name: Any) -> str:
@@ -109,8 +114,12 @@ class PoolSpec:
             raise InvalidRequest("state_timeout must be a number of seconds from 0 to 3600")
         for attr in ("memory_mb", "cpu_seconds", "max_processes", "tmp_mb", "state_max_mb"):
             value = getattr(spec, attr)
-            if value is not None and (not isinstance(value, int) or value <= 0):
-                raise InvalidRequest(f"{attr} must be a positive integer")
+            lifts = attr in LIFTABLE and value == 0
+            if value is not None and (not isinstance(value, int) or value <= 0) and not lifts:
+                raise InvalidRequest(
+                    f"{attr} must be a positive integer"
+                    + (" (or 0: no limit)" if attr in LIFTABLE else "")
+                )
         if not isinstance(spec.kernel_name, str) or not spec.kernel_name:
             raise InvalidRequest("kernel_name must be a non-empty string")
         if not isinstance(spec.env, dict) or not all(
@@ -132,6 +141,29 @@ class PoolSpec:
         """The private /tmp's size: ``tmp_mb``, else the memory limit, at most 1 GiB."""
         mb = self.tmp_mb or min(self.memory_mb or DEFAULT_TMP_MB, DEFAULT_TMP_MB)
         return mb * 1024 * 1024
+
+    def cgroup_memory_bytes(self) -> int | None:
+        """The memory cgroup's limit: ``memory_mb``, else the default; 0 lifts it."""
+        if self.memory_mb == 0:
+            return None
+        return (self.memory_mb or default_memory_mb()) * 1024 * 1024
+
+    def process_limit(self) -> int | None:
+        """Processes and threads: ``max_processes``, else the default; 0 lifts it."""
+        if self.max_processes == 0:
+            return None
+        return self.max_processes or DEFAULT_MAX_PROCESSES
+
+
+# Limits a pool may lift with 0.
+LIFTABLE = ("memory_mb", "max_processes")
+
+
+def default_memory_mb() -> int:
+    """DEFAULT_MEMORY_MB, or half the machine's memory where that is less."""
+    import psutil
+
+    return min(DEFAULT_MEMORY_MB, psutil.virtual_memory().total // (2 * 1024 * 1024))
 
 
 @dataclass
