@@ -51,17 +51,8 @@ async def list_dir(endpoint: Endpoint, path: str) -> list[dict[str, Any]]:
     """The entries of one workspace directory: name, size, type, mod_time."""
     what = f"list {path or '.'}"
     body = bytearray()
-    stream = _Answer(what, LIST_MAX_BYTES, body.extend, f"{what}: the listing is over")
-    await _fetch(
-        httpclient.HTTPRequest(
-            endpoint.url("list/" + quote(path, safe="/")),
-            headers=endpoint.headers(),
-            request_timeout=60,
-            connect_timeout=10,
-        ),
-        what,
-        stream,
-    )
+    answer = _Answer(what, LIST_MAX_BYTES, body.extend, f"{what}: the listing is over")
+    await _get(endpoint, "list/" + quote(path, safe="/"), answer, timeout=60)
     try:
         entries = json.loads(body or b"[]")
     except ValueError:
@@ -78,18 +69,9 @@ async def download(endpoint: Endpoint, path: str, sink: Sink, max_bytes: int) ->
     from the runtime until it is done: a file streams at the pace of whoever takes it,
     with at most one chunk held here.
     """
-    stream = _Answer(f"download {path}", max_bytes, sink, f"{path} is larger than")
-    await _fetch(
-        httpclient.HTTPRequest(
-            endpoint.url("download/" + quote(path, safe="/")),
-            headers=endpoint.headers(),
-            request_timeout=600,
-            connect_timeout=10,
-        ),
-        stream.what,
-        stream,
-    )
-    return stream.received
+    answer = _Answer(f"download {path}", max_bytes, sink, f"{path} is larger than")
+    await _get(endpoint, "download/" + quote(path, safe="/"), answer, timeout=600)
+    return answer.received
 
 
 class _Answer:
@@ -171,6 +153,13 @@ async def upload(endpoint: Endpoint, parts: list[UploadPart]) -> None:
         connect_timeout=10,
     )
     await _fetch(request, "upload")
+
+
+async def _get(endpoint: Endpoint, route: str, answer: _Answer, timeout: float) -> None:
+    request = httpclient.HTTPRequest(
+        endpoint.url(route), headers=endpoint.headers(), request_timeout=timeout, connect_timeout=10
+    )
+    await _fetch(request, answer.what, answer)
 
 
 async def _fetch(

@@ -14,6 +14,7 @@ import sys
 from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_sockets, bind_unix_socket
 
+from . import landlock
 from .app import DEFAULT_MAX_BODY, make_app
 from .kernel_state import has_state
 from .paths import KERNEL_CWD_ENV, PACKAGES_DIR, kernel_cwd
@@ -46,6 +47,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--kernel-name", default="python3")
     parser.add_argument("--no-kernel", action="store_true", help="do not pre-start the kernel")
     parser.add_argument("--max-upload-bytes", type=int, default=DEFAULT_MAX_BODY)
+    parser.add_argument(
+        "--data-only",
+        default=None,
+        metavar="DIR",
+        help="no symbolic link, FIFO, socket or device node can be created beneath DIR, by "
+        "this process or anything it starts (Landlock); the runtime does not start without it",
+    )
     parser.add_argument(
         "--ready-fd",
         type=int,
@@ -127,6 +135,12 @@ def main(argv: list[str] | None = None) -> int:
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
     )
+    if args.data_only is not None:
+        # Before any thread exists (the loop, ZMQ's I/O threads): they would keep
+        # their rights. The rules are made here, from this process's own view of
+        # the filesystem (a sandbox's), and a runtime asked to confine itself that
+        # cannot does not start.
+        landlock.restrict_self(landlock.bound_tree_carries_data(args.data_only))
     asyncio.run(serve(args))
     return 0
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import os
@@ -16,6 +17,7 @@ from typing import Any
 
 from tornado.netutil import bind_unix_socket
 
+from ...runtime import landlock
 from ...runtime.paths import PACKAGES_DIR
 from . import seccomp_filter
 from .cgroups import SandboxCgroup
@@ -108,6 +110,18 @@ def sandbox_env(spec: LaunchSpec, isolation: Isolation) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join(p for p in (parent, packages, pool) if p)
     env.update(spec.env)
     return env
+
+
+@functools.cache
+def landlock_available() -> bool:
+    """Whether sandboxes' bound directories can be kept to data (Landlock ABI 2+)."""
+    available = landlock.abi_version() >= 2
+    if not available:
+        log.warning(
+            "no Landlock (ABI 2+) on this kernel: a sandbox can create links and FIFOs "
+            "in a notebook directory bound from the host"
+        )
+    return available
 
 
 def runtime_python() -> list[str]:
@@ -275,6 +289,9 @@ class SandboxProcess:
         ]
         if spec.files_dir is not None:
             inner += ["--kernel-cwd", str(spec.files_dir)]
+            if not spec.files_read_only and landlock_available():
+                # host tools follow links and open FIFOs they find there
+                inner += ["--data-only", str(spec.files_dir)]
         if not isolated:
             (spec.runtime_dir / "tmp").mkdir(exist_ok=True)
             return inner, env
