@@ -55,6 +55,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "this process or anything it starts (Landlock); the runtime does not start without it",
     )
     parser.add_argument(
+        "--confine",
+        default=None,
+        metavar="RULES",
+        help="Landlock rules (JSON, landlock.to_json) for a sandbox without bubblewrap, put "
+        "on this process and everything it starts before anything else runs",
+    )
+    parser.add_argument(
         "--ready-fd",
         type=int,
         default=None,
@@ -141,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
         # the filesystem (a sandbox's), and a runtime asked to confine itself that
         # cannot does not start.
         landlock.restrict_self(landlock.bound_tree_carries_data(args.data_only))
+    if args.confine is not None:
+        landlock.restrict_self(landlock.from_json(args.confine))
     asyncio.run(serve(args))
     return 0
 

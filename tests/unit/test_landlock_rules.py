@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from jupyter_sandbox.runtime import landlock
 
 SPECIAL = landlock.SPECIAL_FILES | landlock.REFER
@@ -30,3 +32,30 @@ def test_every_sibling_along_the_path_keeps_special_files_and_the_bound_tree_doe
 
 def test_this_kernel_reports_its_landlock_abi() -> None:
     assert landlock.abi_version() >= 0
+
+
+def test_without_bubblewrap_or_landlock_nothing_confines_and_the_hint_names_the_package(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from jupyter_sandbox.control_plane.local import isolation
+
+    monkeypatch.setattr(landlock, "abi_version", lambda: 0)
+    found = isolation._landlock_only("bubblewrap (bwrap) is not installed")
+    assert (found.kind, found.confined) == ("none", False)
+    assert "apt install bubblewrap" in found.detail
+    monkeypatch.setattr(landlock, "abi_version", lambda: 6)
+    found = isolation._landlock_only("bubblewrap (bwrap) is not installed")
+    assert (found.kind, found.confined, found.isolated) == ("landlock", True, False)
+    assert "ports 53, 80, 443" in found.detail and "no signals" in found.detail
+
+
+def test_a_process_without_its_own_pid_namespace_is_given_no_process_directory() -> None:
+    """Landlock does not keep a confined process from reading /proc/<pid>/environ of
+    the user's other processes, so /proc itself is never granted, only its
+    machine-wide files."""
+    from jupyter_sandbox.control_plane.local.isolation import PROC_GLOBAL, landlock_rules
+
+    rules = landlock_rules(workspace="/nonexistent-ws", runtime_dir="/nonexistent-run")
+    granted = [path for path, _ in rules.grants]
+    assert "/proc" not in granted and "/proc/self" not in granted
+    assert set(PROC_GLOBAL) & set(granted)

@@ -67,9 +67,17 @@ async def serve(args: argparse.Namespace) -> int:
         return 0
 
     isolation = probe(disabled=args.no_isolation)
+    if not isolation.confined and not args.no_isolation:
+        log.error(
+            "cannot start sandboxes: no way to confine them here (%s). To run them as "
+            "plain, unconfined processes anyway, pass --no-isolation "
+            "(JUPYTER_SANDBOX_NO_ISOLATION=1)",
+            isolation.detail,
+        )
+        return 2
     if not isolation.isolated:
         log.warning("sandboxes are NOT isolated: %s", isolation.detail)
-    else:
+    if isolation.confined:
         try:
             python_paths(base)
         except UnsafeMount as exc:

@@ -18,6 +18,8 @@ import sys
 import sysconfig
 from dataclasses import dataclass
 
+from ...runtime import landlock
+
 WORKSPACE = "/workspace"
 RUNTIME_DIR = "/run/sandbox"
 # Where a pool's installed requirements appear, read-only.
@@ -48,19 +50,54 @@ SANDBOX_UID = 1000
 
 @dataclass(frozen=True)
 class Isolation:
-    kind: str  # "bubblewrap" or "none"
+    kind: str  # "bubblewrap", "landlock" (no bubblewrap) or "none"
     detail: str
 
     @property
     def isolated(self) -> bool:
+        """In namespaces of its own (bubblewrap): its own /, /tmp, network, pids."""
+        return self.kind == "bubblewrap"
+
+    @property
+    def confined(self) -> bool:
+        """Confined at all: by bubblewrap, or by Landlock where bubblewrap is missing."""
         return self.kind != "none"
+
+
+NO_BWRAP_HINT = (
+    "install bubblewrap (Debian/Ubuntu: apt install bubblewrap; Fedora: dnf install "
+    "bubblewrap) for namespaces, network isolation and seccomp"
+)
 
 
 @functools.cache
 def probe(disabled: bool = False) -> Isolation:
-    """Find out once whether bubblewrap can create the namespaces we ask for."""
+    """Find out once how sandboxes can be confined here: bubblewrap's namespaces,
+    else Landlock alone, else not at all (the daemon then refuses to start sandboxes
+    unless isolation was disabled on purpose)."""
     if disabled:
         return Isolation("none", "isolation disabled by configuration")
+    found = _bubblewrap()
+    if found.isolated:
+        return found
+    return _landlock_only(found.detail)
+
+
+def _landlock_only(why: str) -> Isolation:
+    abi = landlock.abi_version()
+    if abi < 2:
+        return Isolation("none", f"{why}, and this kernel has no Landlock; {NO_BWRAP_HINT}")
+    reach = "TCP only to ports 53, 80, 443" if abi >= 4 else "network NOT confined"
+    scope = "; no signals or abstract sockets outside" if abi >= 6 else ""
+    return Isolation(
+        "landlock",
+        f"Landlock only ({why}): files confined to the sandbox's own directories, the "
+        f"system and Python read-only; {reach}{scope}; no namespaces, network isolation "
+        f"or seccomp: {NO_BWRAP_HINT}",
+    )
+
+
+def _bubblewrap() -> Isolation:
     bwrap = shutil.which("bwrap")
     if bwrap is None:
         return Isolation("none", "bubblewrap (bwrap) is not installed")
@@ -299,6 +336,38 @@ class Confinement:
     files_read_only: bool = False
     pool_packages: str | None = None  # the pool's requirements, read-only at POOL_PACKAGES
     ro_files: tuple[str, ...] = ()  # single files (CA bundles), read-only at their own path
+
+
+# What of /proc a sandbox without its own PID namespace may read: the machine-wide
+# files libraries ask for, not /proc itself: Landlock does not keep a confined
+# process from reading /proc/<pid>/environ of the user's other processes (the
+# Jupyter server's, with its tokens), so no process directory is granted.
+PROC_GLOBAL = tuple(
+    f"/proc/{name}"
+    for name in ("cpuinfo", "meminfo", "stat", "loadavg", "uptime", "version", "filesystems", "sys")
+)
+
+
+def landlock_rules(
+    *,
+    workspace: str,
+    runtime_dir: str,
+    confinement: Confinement = Confinement(),
+) -> landlock.Rules:
+    """What a sandbox without bubblewrap may touch, as Landlock rules: the same
+    directories a bubblewrap sandbox sees, at their host paths."""
+    c = confinement
+    read_only = [*SYSTEM_DIRS, *ETC_FILES, "/etc/passwd", "/etc/group", "/sys", *PROC_GLOBAL]
+    read_only += python_paths(c.state_dir)
+    read_only += [check_ro_file(path, c.state_dir) for path in c.ro_files]
+    if c.pool_packages:
+        read_only.append(check_pool_packages(c.pool_packages, c.state_dir))
+    if c.files_dir and c.files_read_only:
+        read_only.append(c.files_dir)
+    # /dev/shm: POSIX semaphores (multiprocessing, joblib) live there
+    read_write = [workspace, runtime_dir, "/dev/shm"]
+    data_only = c.files_dir if c.files_dir and not c.files_read_only else None
+    return landlock.confinement(read_only=read_only, read_write=read_write, data_only=data_only)
 
 
 def _sized(size: int | None) -> list[str]:

@@ -28,6 +28,7 @@ from .isolation import (
     Confinement,
     Isolation,
     bwrap_command,
+    landlock_rules,
     package_parent,
 )
 from .network import NetnsHandshake, UserNetwork, user_network_available, write_sandbox_resolv_conf
@@ -289,30 +290,41 @@ class SandboxProcess:
         ]
         if spec.files_dir is not None:
             inner += ["--kernel-cwd", str(spec.files_dir)]
-            if not spec.files_read_only and landlock_available():
+            if isolated and not spec.files_read_only and landlock_available():
                 # host tools follow links and open FIFOs they find there
                 inner += ["--data-only", str(spec.files_dir)]
         if not isolated:
             (spec.runtime_dir / "tmp").mkdir(exist_ok=True)
+            if self.isolation.kind == "landlock":
+                rules = landlock_rules(
+                    workspace=str(spec.workspace),
+                    runtime_dir=str(spec.runtime_dir),
+                    confinement=self._confinement(seccomp_fd=None, netns_args=[]),
+                )
+                inner += ["--confine", landlock.to_json(rules)]
             return inner, env
         argv = bwrap_command(
             workspace=str(spec.workspace),
             runtime_dir=str(spec.runtime_dir),
             inner=inner,
             env=env,
-            confinement=Confinement(
-                state_dir=str(spec.state_dir) if spec.state_dir else None,
-                tmp_bytes=spec.tmp_bytes,
-                seccomp_fd=seccomp_fd,
-                netns_args=tuple(netns_args),
-                resolv_conf=self._resolv_conf() if netns_args else None,
-                files_dir=str(spec.files_dir) if spec.files_dir is not None else None,
-                files_read_only=spec.files_read_only,
-                pool_packages=str(spec.pool_packages) if spec.pool_packages else None,
-                ro_files=spec.ro_files,
-            ),
+            confinement=self._confinement(seccomp_fd, netns_args),
         )
         return argv, {"PATH": env["PATH"]}
+
+    def _confinement(self, seccomp_fd: int | None, netns_args: list[str]) -> Confinement:
+        spec = self.spec
+        return Confinement(
+            state_dir=str(spec.state_dir) if spec.state_dir else None,
+            tmp_bytes=spec.tmp_bytes,
+            seccomp_fd=seccomp_fd,
+            netns_args=tuple(netns_args),
+            resolv_conf=self._resolv_conf() if netns_args else None,
+            files_dir=str(spec.files_dir) if spec.files_dir is not None else None,
+            files_read_only=spec.files_read_only,
+            pool_packages=str(spec.pool_packages) if spec.pool_packages else None,
+            ro_files=spec.ro_files,
+        )
 
     async def _read_ready(self, fd: int) -> None:
         loop = asyncio.get_running_loop()
