@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import subprocess
 import sys
 import uuid
@@ -237,3 +239,10 @@ def test_daemon_stop_leaves_no_warm_workspaces_behind(tmp_path: Path) -> None:
         stopped = run("daemon", "stop")
     assert stopped.returncode == 0, stopped.stderr
     assert list(workspaces.iterdir()) == [], "warm workspaces are removed with the daemon"
+    # and so are its sandboxes' cgroups (the review found them left behind, empty)
+    from jupyter_sandbox.control_plane.local.cgroups import CgroupLimits
+
+    limits = CgroupLimits()
+    if limits.probe().enforced:
+        prefix = hashlib.sha256(str(tmp_path / "home").encode()).hexdigest()[:8]
+        assert [n for n in limits.sandboxes() if n.startswith(prefix)] == []

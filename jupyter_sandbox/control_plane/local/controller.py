@@ -682,12 +682,14 @@ class LocalController:
             return None
 
     def remove_stale_cgroups(self) -> None:
-        """Cgroups this daemon's predecessor left (it died without removing them)."""
+        """This daemon's sandbox cgroups that no process of it runs in: at start, those
+        its predecessor left (it died without removing them); at shutdown, its own."""
         if not self.cgroups.probe().enforced:
             return
         for name in self.cgroups.sandboxes():
             if name.startswith(self._cgroup_prefix):
                 self.cgroups.group(name).remove(timeout=1)
+        self.cgroups.remove_parents()
 
     async def _supervise(self, name: str, proc: SandboxProcess) -> None:
         waiter = asyncio.create_task(proc.wait())
@@ -773,6 +775,9 @@ class LocalController:
                 del self.store.sandboxes[sandbox.name]
         self.runtime_calls.close()
         self.store.save()
+        # Every process is gone: their cgroups go too, and the per-user parents
+        # when no other daemon of the user has sandboxes in them.
+        await asyncio.to_thread(self.remove_stale_cgroups)
 
     # -- orphans -----------------------------------------------------------
 
