@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-
 import subprocess
 import sys
 import uuid
