@@ -12,7 +12,7 @@ import getpass
 import hashlib
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from functools import partial
 from typing import Any
 
@@ -47,6 +47,22 @@ class SandboxStartError(web.HTTPError):
         return self.log_message or super().__str__()
 
 
+def server_id_for(user: str, root: str, environ: Mapping[str, str]) -> str:
+    """A server's claims' label: the hub user and server name under JupyterHub.
+
+    In a zero-to-jupyterhub deployment every single-user server runs as ``jovyan``
+    in ``/home/jovyan``: from the local user and root directory alone, every user's
+    server had the same id, and on start each re-attached (or, without re-attach,
+    released) the others' kernels.
+    """
+    hub_user = environ.get("JUPYTERHUB_USER", "")
+    if hub_user:
+        key = json.dumps([user, root, hub_user, environ.get("JUPYTERHUB_SERVER_NAME", "")])
+    else:
+        key = f"{user}:{root}"  # as before JupyterHub was considered: restarts re-attach
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
 class SandboxKernelManager(AsyncMappingKernelManager):  # type: ignore[misc]
     suspend_on_cull = Bool(
         True,
@@ -64,14 +80,14 @@ class SandboxKernelManager(AsyncMappingKernelManager):  # type: ignore[misc]
     server_id = Unicode(
         config=True,
         help="Names this server's claims so a restart can find them. Default: derived from "
-        "the user and the server's root directory.",
+        "the JupyterHub user and server name when the server runs under JupyterHub, the "
+        "local user, and the server's root directory.",
     )
 
     @default("server_id")
     def _default_server_id(self) -> str:
         root = os.path.realpath(getattr(self, "root_dir", "") or os.getcwd())
-        digest = hashlib.sha256(f"{getpass.getuser()}:{root}".encode()).hexdigest()
-        return digest[:16]
+        return server_id_for(getpass.getuser(), root, os.environ)
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
