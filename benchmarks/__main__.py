@@ -24,7 +24,7 @@ async def local_figures(args: argparse.Namespace) -> list[Figure]:
     from jupyter_sandbox.control_plane.local.client import LocalControlPlane
     from jupyter_sandbox.kernelspec import install_kernelspec
 
-    from . import browser_path, kernel_state, kernels, server_path
+    from . import browser_path, hostile_runtime, kernel_state, kernels, server_path
 
     prefix = tempfile.mkdtemp(prefix="bench-kernels-")
     install_kernelspec("bench", prefix=prefix, name=kernels.SANDBOX)
@@ -37,7 +37,7 @@ async def local_figures(args: argparse.Namespace) -> list[Figure]:
     # Kernels started here pass no notebook directory: the warm pool's figures.
     await plane.apply_pool("bench", {"replicas": 2, "files": "none"})
     await plane.apply_pool("bench-files", {"replicas": 0})
-    figures: list[Figure] = []
+    figures: list[Figure] = [await hostile_runtime.neighbour_during_flood(args.round_trips)]
     try:
         await kernels.wait_pool_warm(plane, "bench")
         figures.append(await kernels.start_to_ready(plane, args.reps))
