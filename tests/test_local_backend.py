@@ -142,7 +142,8 @@ async def test_pools_validate_their_input(plane: LocalControlPlane) -> None:
         ("ok-name", {"replicas": -1}),
         ("ok-name", {"replicas": "2"}),
         ("ok-name", {"surprise": 1}),
-        ("ok-name", {"memory_mb": 0}),
+        ("ok-name", {"memory_mb": -1}),  # 0 lifts the limit (tests/unit/test_pool_limits.py)
+        ("ok-name", {"tmp_mb": 0}),
         ("Bad_Name", {"replicas": 1}),
         ("ok-name", {"network": "yes"}),
         ("ok-name", {"files": "rwx"}),
