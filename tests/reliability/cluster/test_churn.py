@@ -1,8 +1,9 @@
 """Sustained claim/release churn through ``KubernetesControlPlane`` on the test API
 server: a warm pool of 10, a few workers each claiming, waiting until Ready,
 holding briefly and releasing, in a loop, for ``JUPYTER_SANDBOX_CHURN_SECONDS``
-(default 300).  The pool never overshoots its target; afterwards it is back at
-target and nothing else is left (Sandboxes, Pods, Services, PVCs, Claims).
+(default 60: a few hundred claims, what CI runs; set 300 or more for a soak).  The
+pool never overshoots its target; afterwards it is back at target and nothing else
+is left (Sandboxes, Pods, Services, PVCs, Claims).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from jupyter_sandbox.control_plane.base import ClaimError, ClaimRequest, Phase
 
 from .conftest import SB, controller, inventory, make_pool, wait_converged
 
-DURATION = float(os.environ.get("JUPYTER_SANDBOX_CHURN_SECONDS", "300"))
+DURATION = float(os.environ.get("JUPYTER_SANDBOX_CHURN_SECONDS", "60"))
 WORKERS = int(os.environ.get("JUPYTER_SANDBOX_CHURN_WORKERS", "4"))
 POOL_SIZE = 10
 
