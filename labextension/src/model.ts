@@ -225,6 +225,16 @@ export function isolationInfo(
           `${extra}.`
       };
     }
+    case 'landlock':
+      return {
+        label: 'Landlock only',
+        warning: true,
+        description:
+          'Confined by Landlock only (bubblewrap is missing on the server): this kernel ' +
+          'cannot read your files outside its own directories, but it has no namespaces ' +
+          `of its own and shares the server's network and /tmp${extra}. ` +
+          'Ask for bubblewrap to be installed for full isolation.'
+      };
     case 'none':
       return {
         label: 'not isolated',

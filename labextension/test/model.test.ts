@@ -86,6 +86,13 @@ describe('isolationInfo', () => {
     expect(none.description).toContain('bwrap not found');
     expect(isolationInfo(undefined).warning).toBe(true);
   });
+
+  it('says what Landlock alone confines and warns that it is not full isolation', () => {
+    const landlock = isolationInfo('landlock', 'bubblewrap (bwrap) is not installed');
+    expect(landlock).toMatchObject({ label: 'Landlock only', warning: true });
+    expect(landlock.description).toContain('cannot read your files');
+    expect(landlock.description).toContain('bubblewrap');
+  });
 });
 
 describe('errors in words', () => {
