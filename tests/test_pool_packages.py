@@ -225,4 +225,6 @@ def test_the_hosts_pip_index_reaches_the_sandbox_but_no_credentials(
     assert inside["leaked"] is False
     log = (home / "daemon.log").read_text()
     assert "hunter2" not in log
-    assert "carries credentials (or a path that may be a token), and a secret must never" in log, log[-2000:]
+    assert "carries credentials (or a path that may be a token), and a secret must never" in log, (
+        log[-2000:]
+    )

@@ -38,8 +38,8 @@ print(json.dumps({{name: os.path.exists(path) for name, path in paths.items()}})
 """
 
 
-def attack_from(cwd: Path, home: Path, paths: dict[str, str]) -> dict[str, object]:
-    """Start a fresh daemon as a user whose HOME is ``home``, from ``cwd``, and probe inside."""
+def attacker_env(home: Path, **extra: str) -> dict[str, str]:
+    """The environment of a user whose HOME is ``home`` and who has no daemon yet."""
     env = {
         k: v
         for k, v in os.environ.items()
@@ -50,7 +50,14 @@ def attack_from(cwd: Path, home: Path, paths: dict[str, str]) -> dict[str, objec
         PYTHONPATH=str(REPO),
         JUPYTER_SANDBOX_DEFAULT_REPLICAS="1",
         JUPYTER_SANDBOX_IDLE_TIMEOUT="0",
+        **extra,
     )
+    return env
+
+
+def attack_from(cwd: Path, home: Path, paths: dict[str, str]) -> dict[str, object]:
+    """Start a fresh daemon as a user whose HOME is ``home``, from ``cwd``, and probe inside."""
+    env = attacker_env(home)
     code = VISIBILITY_PROBE.format(paths=json.dumps(paths))
     try:
         return run_attacker(code, env, cwd)

@@ -25,7 +25,7 @@ import pytest
 from jupyter_sandbox.runtime import landlock
 
 from .attacker import run_attacker
-from .test_local_escapes import REPO, _kill_processes_mentioning, fake_home
+from .test_local_escapes import _kill_processes_mentioning, attacker_env, fake_home
 
 pytestmark = pytest.mark.skipif(landlock.abi_version() < 4, reason="Landlock ABI 4 needed here")
 
@@ -100,18 +100,7 @@ def test_without_bubblewrap_a_sandbox_still_cannot_read_the_users_files(
 ) -> None:
     home = fake_home(Path(tempfile.mkdtemp(prefix="jsbx-")))
     state = home / ".local" / "share" / "jupyter" / "sandbox"
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("JUPYTER_SANDBOX_HOME", "JUPYTER_DATA_DIR", "JUPYTER_RUNTIME_DIR"))
-    }
-    env.update(
-        HOME=str(home),
-        PATH=path_without_bwrap,
-        PYTHONPATH=str(REPO),
-        JUPYTER_SANDBOX_DEFAULT_REPLICAS="1",
-        JUPYTER_SANDBOX_IDLE_TIMEOUT="0",
-    )
+    env = attacker_env(home, PATH=path_without_bwrap)
     paths = {
         "ssh key": str(home / ".ssh" / "id_ed25519"),
         "cloud credentials": str(home / ".aws" / "credentials"),
