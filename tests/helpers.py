@@ -18,13 +18,9 @@ from typing import Any
 
 from tornado import httpclient, websocket
 
+from tests.cluster.controlplane import free_port
+
 MANAGER = "jupyter_sandbox.kernel_provisioner.manager.SandboxKernelManager"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass

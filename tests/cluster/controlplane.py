@@ -60,9 +60,20 @@ def missing_binaries(with_kwok: bool = True) -> list[str]:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct free ports: all held open while they are chosen (two
+    free_port() calls in a row can answer the same port, as a hub test found)."""
+    socks = [socket.socket() for _ in range(count)]
+    try:
+        for sock in socks:
+            sock.bind(("127.0.0.1", 0))
+        return [int(sock.getsockname()[1]) for sock in socks]
+    finally:
+        for sock in socks:
+            sock.close()
 
 
 # --------------------------------------------------------------------------- certs
@@ -238,7 +249,7 @@ class ControlPlane:
         self.token = uuid.uuid4().hex
         (pki / "tokens.csv").write_text(f'{self.token},admin,admin-uid,"system:masters"\n')
 
-        etcd_port, etcd_peer = free_port(), free_port()
+        etcd_port, etcd_peer = free_ports(2)
         etcd_url = f"http://127.0.0.1:{etcd_port}"
         self._spawn(
             "etcd",

@@ -40,7 +40,7 @@ from pathlib import Path
 
 import yaml
 
-from .controlplane import SERVICE_CIDR, ControlPlane, bin_dir, cache_root, free_port
+from .controlplane import SERVICE_CIDR, ControlPlane, bin_dir, cache_root, free_ports
 
 CONTAINERD_VERSION = os.environ.get("CONTAINERD_VERSION", "v2.2.9")
 CNI_DIRS = ("/usr/lib/cni", "/opt/cni/bin")
@@ -787,6 +787,7 @@ disabled_plugins = [
         (k / "root").mkdir(parents=True, exist_ok=True)
         (k / "logs").mkdir(parents=True, exist_ok=True)
         shutil.copy(cp.kubeconfig, k / "kubeconfig")
+        kubelet_port, healthz_port = free_ports(2)
         cfg = {
             "apiVersion": "kubelet.config.k8s.io/v1beta1",
             "kind": "KubeletConfiguration",
@@ -795,10 +796,10 @@ disabled_plugins = [
             "cgroupRoot": "/" + self.state.cgroup_root,
             "containerRuntimeEndpoint": f"unix://{self.sock}",
             "address": self.node_ip,
-            "port": free_port(),
+            "port": kubelet_port,
             "readOnlyPort": 0,
             "healthzBindAddress": "127.0.0.1",
-            "healthzPort": free_port(),
+            "healthzPort": healthz_port,
             "authentication": {
                 "anonymous": {"enabled": False},
                 "webhook": {"enabled": True},
@@ -852,6 +853,7 @@ disabled_plugins = [
         k = self.workdir / "kube-proxy"
         k.mkdir(parents=True, exist_ok=True)
         shutil.copy(self.controlplane.kubeconfig, k / "kubeconfig")
+        proxy_ports = free_ports(2)
         cfg = {
             "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
             "kind": "KubeProxyConfiguration",
@@ -860,8 +862,8 @@ disabled_plugins = [
             "hostnameOverride": self.name,
             "bindAddress": self.node_ip,
             "clusterCIDR": self.pod_cidr,
-            "healthzBindAddress": f"127.0.0.1:{free_port()}",
-            "metricsBindAddress": f"127.0.0.1:{free_port()}",
+            "healthzBindAddress": f"127.0.0.1:{proxy_ports[0]}",
+            "metricsBindAddress": f"127.0.0.1:{proxy_ports[1]}",
             "nodePortAddresses": [f"{self.node_ip}/32"],
             # 0: leave the host's conntrack table size and timeouts alone
             "conntrack": {

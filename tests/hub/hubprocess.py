@@ -20,7 +20,8 @@ import psutil
 import pytest
 from tornado import httpclient
 
-from tests.helpers import Server, free_port
+from tests.cluster.controlplane import free_ports
+from tests.helpers import Server
 
 HERE = Path(__file__).parent
 
@@ -88,13 +89,13 @@ def running_hub(
     pytest.importorskip("jupyterhub")
     for user in users:
         (root / "homes" / user).mkdir(parents=True)
-    port, api_port = free_port(), free_port()
+    port, api_port, proxy_api_port = free_ports(3)
     env = {
         **os.environ,
         "JSBX_HUB_ROOT": str(root),
         "JSBX_HUB_PORT": str(port),
         "JSBX_HUB_API_PORT": str(api_port),
-        "JSBX_HUB_PROXY_API_PORT": str(free_port()),
+        "JSBX_HUB_PROXY_API_PORT": str(proxy_api_port),
         "JSBX_HUB_CHP": chp,
         "JSBX_HUB_ADMIN_TOKEN": uuid.uuid4().hex,
         "JSBX_HUB_API_IP": api_ip,
