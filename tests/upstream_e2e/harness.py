@@ -40,10 +40,8 @@ from tests.cluster.controlplane import ControlPlane, find_binary
 from tests.cluster.fixtures import crd_documents, install_crds
 from tests.helpers import stop_process
 
-from .build import build_suites, build_upstream_controller, log
+from .build import REPO, VERSION, build_suites, build_upstream_controller, log
 
-REPO = Path(__file__).resolve().parents[2]
-VERSION = crdgen.UPSTREAM_VERSION
 # Need upstream's images, a real kubelet or a real runtime class: skipped for both.
 NOT_RUNNABLE = re.compile(r"Chrome|Python|Sandboxd|RuntimeClass|Density")
 TEST_TIMEOUT = "240s"

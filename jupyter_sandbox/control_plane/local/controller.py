@@ -65,7 +65,6 @@ log = logging.getLogger(__name__)
 RESYNC_SECONDS = 2.0
 READY_TIMEOUT = 120.0
 MAX_QUICK_RESTARTS = 5
-# Without a configured limit a sandbox still cannot fork-bomb the machine.
 
 
 class LocalController:

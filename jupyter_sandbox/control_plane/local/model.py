@@ -12,6 +12,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from ..base import InvalidRequest, Phase
 from .packages import check_requirements
 
@@ -161,8 +163,6 @@ LIFTABLE = ("memory_mb", "max_processes")
 
 def default_memory_mb() -> int:
     """DEFAULT_MEMORY_MB, or half the machine's memory where that is less."""
-    import psutil
-
     return min(DEFAULT_MEMORY_MB, psutil.virtual_memory().total // (2 * 1024 * 1024))
 
 
