@@ -58,6 +58,13 @@ for what in ("environ", "cmdline", "mem"):
         out[f"a process of the user's: {what}"] = type(exc).__name__
 open("made-here.txt", "w").write("the workspace is the sandbox's own")
 out["own workspace"] = open("made-here.txt").read() == "the workspace is the sandbox's own"
+try:
+    os.chown("made-here.txt", 4242, 4242)
+    out["give a file away (CAP_CHOWN)"] = "done"
+except OSError as exc:
+    out["give a file away (CAP_CHOWN)"] = type(exc).__name__
+status = dict(line.split(":", 1) for line in open("/proc/self/status") if line.startswith("Cap"))
+out["capabilities"] = {k: int(v, 16) for k, v in status.items() if k != "CapAmb"}
 print(json.dumps(out))
 """
 
@@ -116,6 +123,9 @@ def test_without_bubblewrap_a_sandbox_still_cannot_read_the_users_files(
         shutil.rmtree(home.parent, ignore_errors=True)
     seen = json.loads(str(result["stdout"]))
     assert seen.pop("own workspace") is True, seen
+    # not even a root daemon's sandbox keeps a capability (CapEff, CapPrm, CapBnd, CapInh)
+    assert seen.pop("capabilities") == {"CapInh": 0, "CapPrm": 0, "CapEff": 0, "CapBnd": 0}
+    assert seen.pop("give a file away (CAP_CHOWN)") == "PermissionError", seen
     assert all(outcome != "read" for outcome in seen.values()), seen
     assert seen["host loopback service"] != "connected", seen
     assert seen["signal a process of the user's"] != "sent", seen

@@ -156,3 +156,42 @@ def test_the_daemon_makes_workspace_directories_through_no_link(tmp_path: Path) 
     assert make_dirs_inside(workspace, ".local/packages") is True
     assert (workspace / ".local" / "packages").is_dir()
     assert make_dirs_inside(workspace, ".local/packages") is True  # idempotent
+
+
+@pytest.mark.parametrize(
+    ("path", "made", "expected"),
+    [
+        ("/root/.pyenv/versions/3.11", set(), ["/root", "/root/.pyenv", "/root/.pyenv/versions"]),
+        ("/root/.pyenv/versions/3.11", {"/root"}, ["/root/.pyenv", "/root/.pyenv/versions"]),
+        ("/etc/resolv.conf", set(), ["/etc"]),
+        ("/etc/hosts", {"/etc"}, []),
+        ("/opt", set(), []),
+    ],
+)
+def test_ancestors_of_a_bind_are_made_passable_once(
+    path: str, made: set[str], expected: list[str]
+) -> None:
+    args = isolation._parents(path, made)
+    assert args == [arg for a in expected for arg in ("--perms", "0755", "--dir", a)]
+    assert set(expected) <= made
+
+
+def test_a_root_daemons_sandbox_enters_the_daemons_namespace_and_keeps_only_setuid() -> None:
+    """host_uid.py: bubblewrap joins the prepared namespace (uid 0 there is root, to
+    reach root-only sources); the runtime drops to the sandbox user itself."""
+    own = isolation.bwrap_command(workspace="/ws", runtime_dir="/rt", inner=["true"], env={})
+    assert "--unshare-user" in own and "--disable-userns" in own and "--userns" not in own
+    assert own[own.index("--chdir") + 1] == isolation.WORKSPACE
+    shared = isolation.bwrap_command(
+        workspace="/ws",
+        runtime_dir="/rt",
+        inner=["true"],
+        env={},
+        confinement=isolation.Confinement(userns_fd=7),
+    )
+    assert shared[shared.index("--userns") + 1] == "7"
+    assert "--unshare-user" not in shared and "--uid" not in shared
+    caps = shared[shared.index("--cap-drop") :][:6]
+    assert caps == ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+    assert shared[shared.index("--chdir") + 1] == "/"
+    assert shared[shared.index("/run") - 3 : shared.index("/run")] == ["--perms", "0755", "--dir"]

@@ -162,3 +162,40 @@ def test_probe_available() -> None:
     support = sf.probe()
     assert support.available
     assert "BPF ops" in support.detail
+
+
+def _denies(name: str, args: dict[int, int]) -> bool:
+    """Whether the deny rules for ``name`` match these argument values."""
+    for rule in _by_name(name):
+        if all((args.get(c.index, 0) & c.mask) == c.value for c in rule.args):
+            return True
+    return False
+
+
+@pytest.mark.parametrize(
+    ("name", "args", "denied"),
+    [
+        ("chmod", {1: 0o4755}, True),
+        ("chmod", {1: 0o2755}, True),
+        ("chmod", {1: 0o755}, False),
+        ("chmod", {1: 0o1777}, False),  # sticky is harmless
+        ("fchmod", {1: 0o6755}, True),
+        ("fchmodat", {2: 0o4700}, True),
+        ("fchmodat", {2: 0o644}, False),
+        ("fchmodat2", {2: 0o2755}, True),
+        ("creat", {1: 0o4755}, True),
+        ("mknodat", {2: 0o104755}, True),
+        ("openat", {2: os.O_CREAT | os.O_WRONLY, 3: 0o4755}, True),
+        ("openat", {2: os.O_CREAT | os.O_WRONLY, 3: 0o644}, False),
+        ("openat", {2: os.O_RDONLY, 3: 0o4755}, False),  # no file made: mode is ignored
+        ("openat", {2: os.O_TMPFILE | os.O_WRONLY, 3: 0o2755}, True),
+        ("open", {1: os.O_CREAT, 2: 0o6000}, True),
+    ],
+)
+def test_no_set_id_bit_can_be_given(name: str, args: dict[int, int], denied: bool) -> None:
+    assert _denies(name, args) is denied
+    assert all(r.errno == errno.EPERM for r in _by_name(name))
+
+
+def test_openat2_falls_back_since_its_mode_is_unreadable() -> None:
+    assert [r.errno for r in _by_name("openat2")] == [errno.ENOSYS]

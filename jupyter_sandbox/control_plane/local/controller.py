@@ -13,6 +13,7 @@ import hashlib
 import logging
 import os
 import shutil
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -568,13 +569,15 @@ class LocalController:
         if spec.cgroup is None and processes is not None:
             # RLIMIT_NPROC counts every process and thread of the user, not the
             # sandbox's: allow this many more than the user runs now.
-            spec.limits.max_processes = _user_tasks() + processes
+            host = self.isolation.host
+            uid = host.host_uid if host is not None else os.getuid()
+            spec.limits.max_processes = _user_tasks(uid) + processes
         proc = SandboxProcess(spec, self.isolation)
         self.processes[sandbox.name] = proc
         sandbox.ready = False
         try:
             await proc.start()
-        except (OSError, NetworkSetupError, UnsafeMount) as exc:
+        except (OSError, NetworkSetupError, UnsafeMount, subprocess.SubprocessError) as exc:
             log.error("could not start sandbox %s: %s", sandbox.name, exc)
             if spec.cgroup is not None:
                 await asyncio.to_thread(spec.cgroup.remove)
@@ -823,9 +826,9 @@ def check_labels_env(env: Any) -> dict[str, str]:
     return dict(env)
 
 
-def _user_tasks() -> int:
-    """Processes and threads of this user, as RLIMIT_NPROC counts them."""
-    uid, count = os.getuid(), 0
+def _user_tasks(uid: int) -> int:
+    """Processes and threads of host uid ``uid``, as RLIMIT_NPROC counts them."""
+    count = 0
     for proc in psutil.process_iter(["uids", "num_threads"]):
         uids, threads = proc.info["uids"], proc.info["num_threads"]
         if uids is not None and uids.real == uid:

@@ -24,7 +24,7 @@ from tornado.netutil import bind_sockets, bind_unix_socket
 from ..._version import __version__
 from ...router.local import die_with_parent
 from ...router.tokens import TokenAuthority, new_secret
-from . import seccomp_filter
+from . import host_uid, seccomp_filter
 from .api import DaemonContext, make_api_app
 from .cgroups import CgroupLimits
 from .controller import LocalController
@@ -83,6 +83,8 @@ async def serve(args: argparse.Namespace) -> int:
         except UnsafeMount as exc:
             log.error("cannot start sandboxes: %s", exc)
             return 2
+    if isolation.isolated:
+        isolation = with_host_identity(isolation, base)
     cgroups = CgroupLimits()
     isolation, limits = describe_confinement(isolation, cgroups)
     if "not enforced" in limits:
@@ -148,6 +150,19 @@ async def serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def with_host_identity(isolation: Isolation, base: Path) -> Isolation:
+    """As root, the unprivileged host uid the sandboxes run as (host_uid.py)."""
+    if os.geteuid() != 0:
+        return isolation
+    identity = host_uid.probe(str(base))
+    if isinstance(identity, str):
+        log.warning("sandboxes run as host root (uid 0 to the kernel): %s", identity)
+        detail = f"{isolation.detail}; sandboxes are host uid 0 ({identity})"
+        return Isolation(isolation.kind, detail)
+    detail = f"{isolation.detail}; {identity.sandbox_description}"
+    return Isolation(isolation.kind, detail, identity)
+
+
 def describe_confinement(isolation: Isolation, cgroups: CgroupLimits) -> tuple[Isolation, str]:
     """The isolation with what seccomp adds, and how resource limits are enforced."""
     capability = cgroups.probe()
@@ -166,7 +181,7 @@ def describe_confinement(isolation: Isolation, cgroups: CgroupLimits) -> tuple[I
         else f"network: own namespace each, loopback only (user-mode networking: {unavailable})"
     )
     detail = f"{isolation.detail}; {extra}; {network}; {limits}"
-    return Isolation(isolation.kind, detail), limits
+    return Isolation(isolation.kind, detail, isolation.host), limits
 
 
 class RouterProcess:

@@ -16,9 +16,13 @@ import site
 import subprocess
 import sys
 import sysconfig
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ...runtime import landlock
+
+if TYPE_CHECKING:
+    from .host_uid import HostIdentity
 
 WORKSPACE = "/workspace"
 RUNTIME_DIR = "/run/sandbox"
@@ -52,6 +56,8 @@ SANDBOX_UID = 1000
 class Isolation:
     kind: str  # "bubblewrap", "landlock" (no bubblewrap) or "none"
     detail: str
+    # A root daemon's sandboxes as an unprivileged host uid (bubblewrap only).
+    host: HostIdentity | None = field(default=None, compare=False)
 
     @property
     def isolated(self) -> bool:
@@ -334,6 +340,9 @@ class Confinement:
     resolv_conf: str | None = None  # replaces /etc/resolv.conf (a resolver reachable inside)
     files_dir: str | None = None  # the notebook's directory, bound at its own path
     files_read_only: bool = False
+    # The sandboxes' user namespace when a root daemon runs them as another host uid
+    # (host_uid.py); None: bubblewrap makes one that maps SANDBOX_UID to the caller.
+    userns_fd: int | None = None
     pool_packages: str | None = None  # the pool's requirements, read-only at POOL_PACKAGES
     ro_files: tuple[str, ...] = ()  # single files (CA bundles), read-only at their own path
 
@@ -370,6 +379,27 @@ def landlock_rules(
     return landlock.confinement(read_only=read_only, read_write=read_write, data_only=data_only)
 
 
+def _parents(path: str, made: set[str]) -> list[str]:
+    """``--dir`` for each ancestor of a bind's destination not made yet, 0755.
+
+    bubblewrap makes missing ancestors 0700 and owned by its uid 0: the sandbox
+    user could not pass through them when that uid 0 is not the sandbox user's
+    own (a root daemon's sandboxes, host_uid.py). An ancestor that exists (in a
+    bind made before) keeps its mode.
+    """
+    args: list[str] = []
+    ancestors: list[str] = []
+    parent = os.path.dirname(path)
+    while parent not in ("", "/"):
+        ancestors.append(parent)
+        parent = os.path.dirname(parent)
+    for ancestor in reversed(ancestors):
+        if ancestor not in made:
+            made.add(ancestor)
+            args += ["--perms", "0755", "--dir", ancestor]
+    return args
+
+
 def _sized(size: int | None) -> list[str]:
     return ["--size", str(size)] if size else []
 
@@ -391,16 +421,20 @@ def bwrap_command(
     """
     c = confinement
     bwrap = shutil.which("bwrap") or "bwrap"
+    if c.userns_fd is None:
+        identity = ["--unshare-user", "--disable-userns", "--uid", str(SANDBOX_UID)]
+        identity += ["--gid", str(SANDBOX_UID)]
+        capabilities = ["--cap-drop", "ALL"]
+    else:
+        # uid 0 of that namespace is root, to reach root-only sources; the runtime
+        # becomes SANDBOX_UID first thing, which is why these two are kept.
+        identity = ["--userns", str(c.userns_fd)]
+        capabilities = ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
     args = [
         bwrap,
         "--die-with-parent",
         "--new-session",
-        "--unshare-user",
-        "--disable-userns",
-        "--uid",
-        str(SANDBOX_UID),
-        "--gid",
-        str(SANDBOX_UID),
+        *identity,
         "--unshare-pid",
         "--unshare-ipc",
         "--unshare-uts",
@@ -408,15 +442,15 @@ def bwrap_command(
         "--unshare-cgroup-try",
         "--hostname",
         "sandbox",
-        "--cap-drop",
-        "ALL",
+        *capabilities,
     ]
     args += ro_binds(SYSTEM_DIRS)
+    made: set[str] = set()
     for path in ETC_FILES:
         if path == "/etc/resolv.conf" and c.resolv_conf:
-            args += ["--ro-bind", c.resolv_conf, path]
+            args += [*_parents(path, made), "--ro-bind", c.resolv_conf, path]
         elif os.path.exists(path):
-            args += ["--ro-bind", path, path]
+            args += [*_parents(path, made), "--ro-bind", path, path]
     # The private /tmp goes in before the Python installation: a virtualenv under
     # /tmp must be bound on top of it, not hidden by it.
     args += ["--proc", "/proc", *proc_covers(), "--dev", "/dev"]
@@ -426,23 +460,27 @@ def bwrap_command(
     # device nodes are bind mounts of their own and keep working).
     args += [*_sized(c.tmp_bytes), "--perms", "1777", "--tmpfs", "/dev/shm"]
     args += ["--remount-ro", "/dev"]
-    args += [*_sized(c.tmp_bytes), "--perms", "1777", "--tmpfs", "/tmp", "--dir", "/run"]
+    args += [*_sized(c.tmp_bytes), "--perms", "1777", "--tmpfs", "/tmp"]
+    args += ["--perms", "0755", "--dir", "/run"]
     # The notebook's directory goes in before the Python installation, so a
     # virtualenv kept inside a project stays read-only on top of it.
+    made |= {"/tmp", "/run", "/dev", "/proc"}
     if c.files_dir:
-        args += ["--ro-bind" if c.files_read_only else "--bind", c.files_dir, c.files_dir]
+        bind = "--ro-bind" if c.files_read_only else "--bind"
+        args += [*_parents(c.files_dir, made), bind, c.files_dir, c.files_dir]
         # Hooks written into a repository would run on the host at the next git command.
         git = os.path.join(c.files_dir, ".git")
         if not c.files_read_only and os.path.isdir(git) and not os.path.islink(git):
             args += ["--ro-bind", git, git]
     for path in python_paths(c.state_dir):
-        args += ["--ro-bind", path, path]
+        args += [*_parents(path, made), "--ro-bind", path, path]
     if c.pool_packages:
         args += ["--ro-bind", check_pool_packages(c.pool_packages, c.state_dir), POOL_PACKAGES]
     for path in c.ro_files:
         real = check_ro_file(path, c.state_dir)
         if not any(_contains(shown, path) for shown in (*SYSTEM_DIRS, *ETC_FILES)):
-            args += ["--ro-bind", real, path]  # (system files are there already)
+            # (system files are there already)
+            args += [*_parents(path, made), "--ro-bind", real, path]
     args += [
         "--bind",
         workspace,
@@ -451,7 +489,8 @@ def bwrap_command(
         runtime_dir,
         RUNTIME_DIR,
         "--chdir",
-        WORKSPACE,
+        # bubblewrap's uid 0 there may not enter the workspace: the runtime does, as itself
+        "/" if c.userns_fd is not None else WORKSPACE,
         "--clearenv",
     ]
     if c.seccomp_fd is not None:

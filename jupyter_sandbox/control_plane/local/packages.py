@@ -392,6 +392,8 @@ async def install(lines: list[str], env: PoolEnvironment, log_path: Path) -> Non
                 env=child_env,
                 cwd=str(parent),
                 start_new_session=True,
+                # readable by every sandbox: a root daemon's run as another host uid
+                umask=0o022,
             )
             try:
                 code = await asyncio.wait_for(proc.wait(), INSTALL_TIMEOUT)
@@ -404,6 +406,7 @@ async def install(lines: list[str], env: PoolEnvironment, log_path: Path) -> Non
                 raise
         if code != 0:
             raise InstallFailed(f"pip exited with {code}: {tail(log_path)}")
+        staging.chmod(0o755)  # (mkdtemp made it 0700) the sandboxes' view of it, read-only
         os.rename(staging, env.path)
     except TimeoutError:
         raise InstallFailed(

@@ -21,6 +21,12 @@ from ...runtime import landlock
 from ...runtime.paths import PACKAGES_DIR
 from . import seccomp_filter
 from .cgroups import SandboxCgroup
+from .host_uid import (
+    IdmappedMount,
+    become_sandbox_user_code,
+    drop_capabilities,
+    mount_idmapped,
+)
 from .isolation import (
     POOL_PACKAGES,
     RUNTIME_DIR,
@@ -125,7 +131,7 @@ def landlock_available() -> bool:
     return available
 
 
-def runtime_python() -> list[str]:
+def runtime_python(become_sandbox_user: bool = False) -> list[str]:
     """How a sandbox's runtime server is started: from the installation alone.
 
     ``-I`` (isolated mode) ignores ``PYTHONPATH``, every other ``PYTHON*`` variable,
@@ -134,12 +140,15 @@ def runtime_python() -> list[str]:
     replaced the runtime at its next restart). The kernel it starts still gets the
     sandbox's ``PYTHONPATH``, with the workspace's and the pool's packages. An
     editable install or a source checkout puts the package's parent on the path
-    here, a directory the sandbox sees read-only.
+    here, a directory the sandbox sees read-only. ``become_sandbox_user``: it
+    starts as uid 0 of a root daemon's sandbox namespace and first becomes the
+    sandbox user (host_uid.py).
     """
     parent = package_parent()
     path = f"sys.path.insert(0, {parent!r}); " if parent else ""
+    become = become_sandbox_user_code() if become_sandbox_user else ""
     bootstrap = (
-        f"import runpy, sys; {path}"
+        f"{become}import runpy, sys; {path}"
         "runpy.run_module('jupyter_sandbox.runtime', run_name='__main__', alter_sys=True)"
     )
     return [sys.executable, "-I", "-u", "-c", bootstrap]
@@ -158,6 +167,7 @@ class SandboxProcess:
         self.supervisor: asyncio.Task[None] | None = None
         self._ready_reader: asyncio.Task[None] | None = None
         self.network: UserNetwork | None = None
+        self._idmapped: list[IdmappedMount] = []
 
     @property
     def socket(self) -> Path:
@@ -187,12 +197,15 @@ class SandboxProcess:
         if not make_dirs_inside(spec.workspace, PACKAGES_DIR):
             log.warning("%s: %s is not a directory; not made", spec.name, PACKAGES_DIR)
         env = sandbox_env(spec, self.isolation)
+        self._idmapped = self._idmapped_dirs()
         shake = NetnsHandshake() if self._wants_user_network() else None
         listener = self._bind_listener()
         read_fd, write_fd = os.pipe()
         seccomp_fd = self._seccomp_fd()
         owned = [write_fd] + ([seccomp_fd] if seccomp_fd is not None else [])
         passed = [*owned, listener.fileno(), *(shake.child_fds if shake else ())]
+        if self._userns_fd is not None:
+            passed.append(self._userns_fd)
         try:
             argv, child_env = self._command(
                 env, listener.fileno(), write_fd, seccomp_fd, shake.bwrap_args() if shake else []
@@ -229,6 +242,22 @@ class SandboxProcess:
                 raise
         self._ready_reader = asyncio.create_task(self._read_ready(read_fd))
 
+    @property
+    def _userns_fd(self) -> int | None:
+        host = self.isolation.host
+        return host.userns_fd if host is not None and self.isolation.isolated else None
+
+    def _idmapped_dirs(self) -> list[IdmappedMount]:
+        """The directories this sandbox writes, shown with their owner as its host uid."""
+        host = self.isolation.host
+        if host is None or not self.isolation.isolated:
+            return []
+        spec = self.spec
+        dirs = [spec.workspace, spec.runtime_dir]
+        if spec.files_dir is not None:
+            dirs.append(spec.files_dir)
+        return [host.idmapped(path) for path in dirs]
+
     def _wants_user_network(self) -> bool:
         return self.spec.network and self.isolation.isolated and user_network_available() is None
 
@@ -263,6 +292,10 @@ class SandboxProcess:
         self.spec.limits.apply()
         if self.spec.cgroup is not None:
             self.spec.cgroup.enter()
+        if self._idmapped:
+            mount_idmapped(self._idmapped)
+        if self.isolation.kind == "landlock" and os.geteuid() == 0:
+            drop_capabilities()  # (bubblewrap drops them in its own sandboxes)
 
     def _command(
         self,
@@ -276,7 +309,7 @@ class SandboxProcess:
         isolated = self.isolation.isolated
         workspace = WORKSPACE if isolated else str(spec.workspace)
         inner = [
-            *runtime_python(),
+            *runtime_python(become_sandbox_user=isolated and self._userns_fd is not None),
             "--listen-fd",
             str(listen_fd),
             "--workspace",
@@ -324,6 +357,7 @@ class SandboxProcess:
             files_read_only=spec.files_read_only,
             pool_packages=str(spec.pool_packages) if spec.pool_packages else None,
             ro_files=spec.ro_files,
+            userns_fd=self._userns_fd,
         )
 
     async def _read_ready(self, fd: int) -> None:

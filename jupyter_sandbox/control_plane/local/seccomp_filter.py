@@ -32,6 +32,14 @@ Choices that differ from a pure allow-list or that deserve a note:
   is a system call of its own: on i386 the multiplexed ``socketcall`` cannot be
   inspected, so 32-bit programs are not restricted by family (Flatpak has the
   same limitation).
+* Set-user-ID and set-group-ID bits cannot be set: not by ``chmod`` and friends,
+  not in the mode of a file being created (``open``/``openat``/``creat``/``mknod``
+  with ``O_CREAT`` or ``O_TMPFILE``). A root daemon's sandboxes write the notebook
+  directory through an idmapped mount, so what they create is owned on disk by
+  the directory's owner, often root: a set-user-ID copy of a shell there would be
+  root for any host user who runs it. ``openat2``, whose mode seccomp cannot
+  read, fails with ``ENOSYS`` (nothing falls back to it; glibc's ``open`` does
+  not use it).
 * On x86-64 the program also covers the i386 and x32 ABIs (like Flatpak), so a
   32-bit binary cannot bypass the rules through the compat system call table.
 """
@@ -59,6 +67,22 @@ AF_INET = 2
 AF_INET6 = 10
 AF_NETLINK = 16
 NETLINK_ROUTE = 0
+S_ISUID = 0o4000
+S_ISGID = 0o2000
+O_CREAT = 0o100
+O_TMPFILE_ONLY = 0o20000000  # __O_TMPFILE: O_TMPFILE without its O_DIRECTORY
+# Where the mode is, for calls that set one: (flags index or None, mode index).
+MODE_ARGUMENTS = {
+    "chmod": (None, 1),
+    "fchmod": (None, 1),
+    "fchmodat": (None, 2),
+    "fchmodat2": (None, 2),
+    "creat": (None, 1),
+    "mknod": (None, 1),
+    "mknodat": (None, 2),
+    "open": (1, 2),
+    "openat": (2, 3),
+}
 ALLOWED_SOCKET_FAMILIES = (0, AF_UNIX, AF_INET, AF_INET6, AF_NETLINK)  # 0 is AF_UNSPEC
 
 # Comparison operators, as numbered by libseccomp (enum scmp_compare).
@@ -156,6 +180,23 @@ def rules() -> list[Rule]:
         Rule("personality", eperm, (ArgCheck(0, CMP_NE, PER_LINUX),), why="no other personality")
     )
     out += _socket_rules()
+    out += _set_id_rules()
+    return out
+
+
+def _set_id_rules() -> list[Rule]:
+    """No set-user-ID or set-group-ID bit in any mode a file is given or made with."""
+    out: list[Rule] = []
+    for name, (flags, mode) in MODE_ARGUMENTS.items():
+        for bit in (S_ISUID, S_ISGID):
+            has_bit = ArgCheck(mode, CMP_MASKED_EQ, bit, bit)
+            if flags is None:
+                out.append(Rule(name, errno.EPERM, (has_bit,), why="set-id bits"))
+                continue
+            for creating in (O_CREAT, O_TMPFILE_ONLY):
+                makes = ArgCheck(flags, CMP_MASKED_EQ, creating, creating)
+                out.append(Rule(name, errno.EPERM, (makes, has_bit), why="set-id bits"))
+    out.append(Rule("openat2", errno.ENOSYS, why="mode unreadable"))
     return out
 
 
