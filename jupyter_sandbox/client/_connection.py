@@ -70,9 +70,11 @@ class Connector:
                 raise SandboxNotReadyError(f"claim {status.name} has no endpoint yet")
             return given
         if isinstance(self.config, SandboxInClusterConnectionConfig):
-            # straight to the sandbox: no router, so no router credential either
+            # straight to the sandbox: no router, so no router credential either, but
+            # the runtime's own token where the operator gave it one
             url = f"http://{status.sandbox}.{status.namespace}.svc.cluster.local:{self.port}"
-            return Endpoint(url, status.namespace, status.sandbox, self.port)
+            token = await self._runtime_token(status.namespace, status.sandbox)
+            return Endpoint(url, status.namespace, status.sandbox, self.port, runtime_token=token)
         token = plane.router_token(status)
         return Endpoint(await self.router_url(), status.namespace, status.sandbox, self.port, token)
 
@@ -88,6 +90,29 @@ class Connector:
             if isinstance(self.config, SandboxLocalTunnelConnectionConfig):
                 return await self._ensure_tunnel(self.config)
         raise TypeError(f"no router URL for {type(self.config).__name__}")
+
+    async def _runtime_token(self, namespace: str, sandbox: str) -> str | None:
+        """The sandbox's runtime token from its Secret (protocol/runtime_auth.py), read
+        with the SDK's own credentials; None where there is none or they may not read
+        it (the runtime then answers 401, naming the token)."""
+        import base64
+
+        from ..kube.client import SECRET, ApiError, Client, load_config
+        from ..protocol import runtime_auth
+
+        settings = await asyncio.to_thread(
+            load_config, self.backend_options.get("kubeconfig"), self.backend_options.get("context")
+        )
+        client = Client(settings, user_agent="jupyter-sandbox-sdk")
+        try:
+            secret = await client.get(SECRET, namespace, runtime_auth.secret_name(sandbox))
+        except ApiError as exc:
+            log.debug("no runtime token for %s/%s: %s", namespace, sandbox, exc)
+            return None
+        finally:
+            await client.close()
+        value = (secret.get("data") or {}).get(runtime_auth.SECRET_KEY)
+        return base64.b64decode(value).decode() if value else None
 
     # -- Gateway API ---------------------------------------------------------
 

@@ -12,6 +12,8 @@ from enum import StrEnum
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from ..protocol import runtime_auth
+
 
 class Phase(StrEnum):
     PENDING = "Pending"  # claimed, sandbox not ready yet (cold start or waiting for the pool)
@@ -108,6 +110,10 @@ class Endpoint:
     # local backend's user, who owns the daemon): the kernel channels then skip
     # the router's hop.  Entitlement is the file's permission, as for the daemon.
     unix_socket: str | None = None
+    # The runtime's own token (protocol/runtime_auth.py), for a caller that reaches
+    # the runtime without the router (the SDK's in-cluster mode); the router sends it
+    # for everyone else.
+    runtime_token: str | None = field(default=None, repr=False)
 
     def headers(self) -> dict[str, str]:
         headers = {
@@ -117,6 +123,8 @@ class Endpoint:
         }
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
+        if self.runtime_token:
+            headers[runtime_auth.HEADER] = self.runtime_token
         return headers
 
     def url(self, path: str, *, websocket: bool = False) -> str:

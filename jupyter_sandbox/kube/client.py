@@ -67,6 +67,7 @@ class ApiError(Exception):
 POD = Resource("", "v1", "pods", "Pod")
 SERVICE = Resource("", "v1", "services", "Service")
 PVC = Resource("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim")
+SECRET = Resource("", "v1", "secrets", "Secret")
 EVENT = Resource("", "v1", "events", "Event")
 NETPOL = Resource("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy")
 LEASE = Resource("coordination.k8s.io", "v1", "leases", "Lease")

@@ -12,6 +12,8 @@ import sys
 import time
 from typing import Any
 
+from ..protocol import runtime_auth
+
 _STD_ATTRS = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {
     "message",
     "asctime",
@@ -96,6 +98,12 @@ def build_parser() -> argparse.ArgumentParser:
         default="app=sandbox-router",
         help="k=v,... labels of the router pods",
     )
+    p.add_argument(
+        "--runtime-key-file",
+        default=os.environ.get(runtime_auth.KEY_FILE_ENV) or None,
+        help="key for each sandbox's runtime token (the router's --runtime-key-file): "
+        "the token goes into a Secret of the sandbox's own and its runtime's environment",
+    )
     p.add_argument("--log-level", default=os.environ.get("LOG_LEVEL", "info"))
     return p
 
@@ -113,6 +121,13 @@ def main(argv: list[str] | None = None) -> int:
     from .manager import Operator, Options
 
     identity = args.identity or f"{socket.gethostname()}_{os.getpid()}"
+    runtime_key = None
+    if args.runtime_key_file:
+        try:
+            runtime_key = runtime_auth.load_key(args.runtime_key_file)
+        except (OSError, ValueError) as exc:
+            print(f"jupyter-sandbox operator: error: --runtime-key-file: {exc}", file=sys.stderr)
+            return 2
     opts = Options(
         kubeconfig=args.kubeconfig,
         context=args.context,
@@ -130,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         warm_pool_replenish_delay=args.warm_pool_replenish_delay,
         router_namespace=args.router_namespace,
         router_labels=_labels(args.router_pod_labels),
+        runtime_key=runtime_key,
     )
     logging.getLogger("jupyter_sandbox.operator").info(
         "starting operator", extra={"identity": identity}

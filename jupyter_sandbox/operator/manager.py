@@ -52,6 +52,9 @@ class Options:
     warm_pool_replenish_delay: float = 0.0
     router_namespace: str = "agent-sandbox-system"
     router_labels: dict[str, str] = field(default_factory=lambda: {"app": "sandbox-router"})
+    # Each sandbox's runtime asks callers for a token derived from this key
+    # (protocol/runtime_auth.py); None: runtimes ask nothing.
+    runtime_key: bytes | None = None
 
 
 def _controller_idx(obj: dict) -> list[str]:

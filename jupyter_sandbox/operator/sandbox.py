@@ -29,6 +29,7 @@ from ..kube.client import POD, PVC, SERVICE, ApiError
 from ..kube.informer import Key
 from ..kube.times import parse_time
 from .core import Result
+from .runtime_token import TokenConflict, ensure_token_secret, give_runtime_token
 from .util import (
     FIELD_MANAGER,
     condition_true,
@@ -469,6 +470,12 @@ class SandboxReconciler:
             vols.append({"name": vname, "persistentVolumeClaim": {"claimName": f"{vname}-{name}"}})
         if vols:
             spec["volumes"] = vols
+        if op.opts.runtime_key is not None:
+            try:
+                secret = await ensure_token_secret(op, sb, op.opts.runtime_key)
+            except TokenConflict as e:
+                raise ChildConflict(str(e)) from None
+            give_runtime_token(spec, secret)
         body = {
             "metadata": {
                 "name": name,

@@ -30,6 +30,7 @@ from typing import Any
 
 from tornado.httpserver import HTTPServer
 
+from ..protocol import runtime_auth
 from .app import make_router_app
 from .hub_auth import HubIdentity
 from .settings import RouterContext
@@ -78,6 +79,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="comma-separated namespaces the router serves; others are refused (404). "
         "With --resolve=api it then watches only these (a namespaced Role suffices)",
     )
+    parser.add_argument(
+        "--runtime-key-file",
+        default=os.environ.get(runtime_auth.KEY_FILE_ENV) or None,
+        help="the key sandbox runtimes' tokens are derived from (the operator's "
+        "--runtime-key-file): the router presents each sandbox's token to its runtime",
+    )
     parser.add_argument("--kubeconfig", default=None, help="for --resolve=api out of cluster")
     parser.add_argument("--context", default=None)
     parser.add_argument(
@@ -89,6 +96,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.resolve is None:
         args.resolve = "api" if (args.kubeconfig or _in_cluster()) else "dns"
+    if args.runtime_key_file and args.resolve != "api":
+        parser.error("--runtime-key-file needs --resolve=api (tokens name the sandbox's uid)")
     if args.hub_api_url:
         if args.resolve != "api":
             parser.error("--hub-api-url needs --resolve=api (claims name their users)")
@@ -115,6 +124,7 @@ async def make_lookup(args: argparse.Namespace) -> tuple[Any, Any]:
             cluster_domain=args.cluster_domain,
             fallback_dns=args.dns_fallback,
             track_owners=bool(args.hub_api_url),
+            runtime_key=load_runtime_key(args.runtime_key_file),
         ).start()
         return resolver.lookup, resolver
 
@@ -136,6 +146,16 @@ def load_authority(path: str) -> TokenAuthority:
         raise SystemExit(f"jupyter-sandbox router: --token-secret-file {path}: {exc}") from None
 
 
+def load_runtime_key(path: str | None) -> bytes | None:
+    """The runtime key in ``path`` (None: no path); exits with the reason if unusable."""
+    if path is None:
+        return None
+    try:
+        return runtime_auth.load_key(path)
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"jupyter-sandbox router: --runtime-key-file {path}: {exc}") from None
+
+
 async def serve(args: argparse.Namespace) -> None:
     authority = load_authority(args.token_secret_file) if args.token_secret_file else None
 
@@ -155,11 +175,12 @@ async def serve(args: argparse.Namespace) -> None:
     server = HTTPServer(make_router_app(ctx), max_body_size=1 << 34, **ctx.server_options())
     server.listen(args.port, address=args.address)
     log.info(
-        "router on %s:%s (resolve: %s, auth: %s)",
+        "router on %s:%s (resolve: %s, auth: %s, runtime tokens: %s)",
         args.address,
         args.port,
         args.resolve,
         ctx.auth.describe(),
+        "presented" if args.runtime_key_file else "none (runtimes must not ask for them)",
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

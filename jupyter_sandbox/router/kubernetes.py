@@ -14,6 +14,9 @@ the router's event loop and keeps, per sandbox, only what routing needs: its
   (start-up, API server unreachable);
 - a namespace outside ``allowed_namespaces`` (when set) -> not found.
 
+With ``runtime_key`` each upstream carries its sandbox's runtime token
+(protocol/runtime_auth.py), for the router to present.
+
 With ``track_owners`` it also follows SandboxClaims and answers ``owner_of``:
 the user named by the ``jupyter-sandbox/user`` annotation of the claim that
 controls a sandbox (its controller ownerReference, or the claim-uid label of
@@ -31,6 +34,7 @@ from ..agent_sandbox import CLAIM, CLAIM_UID_LABEL, SANDBOX
 from ..kube.client import Client
 from ..kube.informer import Informer
 from ..operator.user_volume import CLAIM_USER_ANNOTATION
+from ..protocol import runtime_auth
 from .upstreams import Upstream
 
 
@@ -41,6 +45,7 @@ class Entry:
     ready: bool
     suspended: bool
     claim_uid: str | None = None
+    uid: str = ""  # the Sandbox's own: its runtime token is derived from it
 
 
 def entry_of(sandbox: dict[str, Any]) -> Entry:
@@ -52,6 +57,7 @@ def entry_of(sandbox: dict[str, Any]) -> Entry:
         ready=conds.get("Ready") == "True",
         suspended=(sandbox.get("spec") or {}).get("operatingMode") == "Suspended",
         claim_uid=_claim_uid(sandbox.get("metadata") or {}),
+        uid=str((sandbox.get("metadata") or {}).get("uid") or ""),
     )
 
 
@@ -94,6 +100,7 @@ class SandboxResolver:
         fallback_dns: bool = True,
         track_owners: bool = False,
         list_page_size: int = 500,
+        runtime_key: bytes | None = None,
     ) -> None:
         if list_page_size < 1:
             raise ValueError("list_page_size must be at least 1")
@@ -104,6 +111,7 @@ class SandboxResolver:
         self.fallback_dns = fallback_dns
         self.track_owners = track_owners
         self.list_page_size = list_page_size
+        self.runtime_key = runtime_key
         self._sandboxes: dict[str | None, Informer] = {}
         self._claims: dict[str | None, Informer] = {}
         self._stop = asyncio.Event()
@@ -184,15 +192,23 @@ class SandboxResolver:
                 return claim["user"]  # type: ignore[no-any-return]
         return None
 
+    def _runtime_token(self, namespace: str, name: str, entry: Entry) -> str:
+        """The token this sandbox's runtime asks for (none without a key; an unknown
+        sandbox, routed by DNS, gets none and its runtime refuses)."""
+        if self.runtime_key is None or not entry.uid:
+            return ""
+        return runtime_auth.token_for(self.runtime_key, namespace, name, entry.uid)
+
     async def lookup(self, namespace: str, name: str, port: int) -> Upstream | None:
         if self.allowed is not None and namespace not in self.allowed:
             return None
         entry = self.get(namespace, name)
         if entry is not None:
+            token = self._runtime_token(namespace, name, entry)
             if entry.pod_ips and not entry.suspended:
-                return Upstream(host=entry.pod_ips[0], port=port)
+                return Upstream(host=entry.pod_ips[0], port=port, runtime_token=token)
             if entry.service_fqdn and not entry.suspended:
-                return Upstream(host=entry.service_fqdn, port=port)
+                return Upstream(host=entry.service_fqdn, port=port, runtime_token=token)
             return None
         if self.fallback_dns:
             return Upstream(host=f"{name}.{namespace}.svc.{self.cluster_domain}", port=port)

@@ -111,7 +111,9 @@ class HTTPProxyHandler(web.RequestHandler):
             session.request(
                 method,
                 url,
-                headers=forward_headers(self.request.headers),
+                headers=forward_headers(
+                    self.request.headers, runtime_token=to.upstream.runtime_token
+                ),
                 data=self._produce_body() if self._body is not None else None,
                 allow_redirects=False,
                 auto_decompress=False,

@@ -9,6 +9,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from ..protocol import runtime_auth
+
 log = logging.getLogger(__name__)
 
 DEFAULT_NAMESPACE = "default"
@@ -23,6 +25,7 @@ NOT_ORIGIN_FORM = (
     "absolute URLs, host:port, '*' and anything before the path are not proxied"
 )
 
+RUNTIME_TOKEN = runtime_auth.HEADER.lower()
 ROUTING_HEADERS = frozenset(
     {
         "x-sandbox-id",
@@ -134,12 +137,18 @@ def hop_by_hop(headers: Mapping[str, str]) -> set[str]:
     return names
 
 
-def forward_headers(headers: Mapping[str, str], *, websocket: bool = False) -> dict[str, str]:
-    """Request headers to send upstream: no routing, hop-by-hop, Host or Authorization."""
-    drop = ROUTING_HEADERS | hop_by_hop(headers) | {"host", "authorization"}
+def forward_headers(
+    headers: Mapping[str, str], *, websocket: bool = False, runtime_token: str = ""
+) -> dict[str, str]:
+    """Request headers to send upstream: no routing, hop-by-hop, Host or Authorization,
+    and never a caller's own runtime token; the sandbox's, when it has one."""
+    drop = ROUTING_HEADERS | hop_by_hop(headers) | {"host", "authorization", RUNTIME_TOKEN}
     if websocket:
         drop |= WEBSOCKET_HANDSHAKE
-    return {k: v for k, v in headers.items() if k.lower() not in drop}
+    out = {k: v for k, v in headers.items() if k.lower() not in drop}
+    if runtime_token:
+        out[runtime_auth.HEADER] = runtime_token
+    return out
 
 
 def response_headers(headers: Mapping[str, str]) -> dict[str, str]:

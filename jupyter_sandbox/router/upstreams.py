@@ -7,7 +7,7 @@ import ipaddress
 import re
 import socket
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import yarl
@@ -28,11 +28,13 @@ def is_host(host: str) -> bool:
 
 @dataclass(frozen=True)
 class Upstream:
-    """A runtime address: ``host:port`` over TCP, or a Unix socket path."""
+    """A runtime address: ``host:port`` over TCP, or a Unix socket path, and the
+    token its runtime asks for (protocol/runtime_auth.py; "": none)."""
 
     host: str = ""
     port: int = 0
     unix_socket: str = ""
+    runtime_token: str = field(default="", repr=False)
 
     def url_host(self) -> str:
         """The host of URLs to this upstream: IPv6 in brackets, a made-up name for a socket."""

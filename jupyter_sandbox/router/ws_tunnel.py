@@ -21,6 +21,7 @@ from tornado.tcpclient import TCPClient
 from .proxy import Refused, route_request, send_error
 from .routing import forward_headers
 from .settings import RouterContext
+from .upstreams import Upstream
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +63,7 @@ class WebSocketTunnelHandler(web.RequestHandler):
             send_error(self, 502, "sandbox unreachable")
             return
         try:
-            status, headers = await self._handshake(sandbox, upstream.authority(), to.target)
+            status, headers = await self._handshake(sandbox, upstream, to.target)
         except (
             iostream.StreamClosedError,
             iostream.UnsatisfiableReadError,
@@ -89,17 +90,20 @@ class WebSocketTunnelHandler(web.RequestHandler):
         await _splice(client, sandbox, self.ctx.max_ws_message)
 
     async def _handshake(
-        self, sandbox: iostream.IOStream, authority: str, target: str
+        self, sandbox: iostream.IOStream, upstream: Upstream, target: str
     ) -> tuple[int, httputil.HTTPHeaders]:
         """Replay the client's upgrade request, for ``target`` (origin-form, checked)."""
         request = self.request
         lines = [
             f"GET {target} HTTP/1.1",
-            f"Host: {authority}",
+            f"Host: {upstream.authority()}",
             "Upgrade: websocket",
             "Connection: Upgrade",
         ]
-        for name, value in forward_headers(request.headers, websocket=True).items():
+        headers = forward_headers(
+            request.headers, websocket=True, runtime_token=upstream.runtime_token
+        )
+        for name, value in headers.items():
             lines.append(f"{name}: {value}")
         for name in (
             "Sec-WebSocket-Key",

@@ -14,6 +14,7 @@ import sys
 from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_sockets, bind_unix_socket
 
+from ..protocol import runtime_auth
 from . import landlock
 from .app import DEFAULT_MAX_BODY, make_app
 from .kernel_state import has_state
@@ -91,6 +92,8 @@ async def serve(args: argparse.Namespace) -> None:
     runtime_dir = args.runtime_dir or os.path.join(
         os.environ.get("TMPDIR", "/tmp"), f"sandbox-runtime-{os.getpid()}"
     )
+    # The kernel gets no SANDBOX_RUNTIME_* (the token among them).
+    token = os.environ.pop(runtime_auth.ENV, "")
     env = {k: v for k, v in os.environ.items() if not k.startswith("SANDBOX_RUNTIME_")}
     env.setdefault("HOME", workspace)
     pip_target_env(env)
@@ -101,7 +104,7 @@ async def serve(args: argparse.Namespace) -> None:
         env=env,
         kernel_cwd=kernel_cwd(args.kernel_cwd, workspace),
     )
-    app = make_app(state, max_upload_bytes=args.max_upload_bytes)
+    app = make_app(state, max_upload_bytes=args.max_upload_bytes, runtime_token=token)
     # Uploads stream and enforce their own bound; other bodies are small JSON.
     server = HTTPServer(app, max_body_size=max(args.max_upload_bytes, 1 << 20) + 1)
     if args.listen_fd is not None:

@@ -16,7 +16,10 @@ def make_app(
     *,
     max_ws_message: int = DEFAULT_MAX_WS_MESSAGE,
     max_upload_bytes: int = DEFAULT_MAX_BODY,
+    runtime_token: str = "",
 ) -> web.Application:
+    """The runtime's application; with ``runtime_token`` every request but the probes
+    must present it (protocol/runtime_auth.py)."""
     return web.Application(
         [
             (r"/", handlers.HealthHandler),
@@ -37,4 +40,5 @@ def make_app(
         runtime=state,
         websocket_max_message_size=max_ws_message,
         max_upload_bytes=max_upload_bytes,
+        runtime_token=runtime_token,
     )

@@ -12,7 +12,7 @@ from typing import Any
 
 from tornado import web, websocket
 
-from ..protocol import framing, ws_frames
+from ..protocol import framing, runtime_auth, ws_frames
 from . import commands
 from .kernel_host import KernelNotRunning, KernelStateError
 from .kernel_state import discard as discard_state
@@ -27,10 +27,25 @@ DEFAULT_STATE_BYTES = 1 << 30
 DEFAULT_STATE_TIMEOUT = 60.0
 
 
+def require_runtime_token(handler: web.RequestHandler) -> None:
+    """401 unless the caller presents this sandbox's token, when it was given one
+    (on a cluster: runtime_auth.py; a local runtime's socket is the daemon's alone)."""
+    expected = handler.settings.get("runtime_token")
+    presented = handler.request.headers.get(runtime_auth.HEADER)
+    if expected and not runtime_auth.matches(expected, presented):
+        raise web.HTTPError(401, "this sandbox's runtime token is required")
+
+
 class BaseHandler(web.RequestHandler):
+    open_to_probes = False  # /healthz and /readyz: for the kubelet, and tell nothing
+
     @property
     def runtime(self) -> RuntimeState:
         return self.settings["runtime"]  # type: ignore[no-any-return]
+
+    def prepare(self) -> None:
+        if not self.open_to_probes:
+            require_runtime_token(self)
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         self.set_header("Content-Type", "application/json")
@@ -59,11 +74,15 @@ class BaseHandler(web.RequestHandler):
 
 
 class HealthHandler(BaseHandler):
+    open_to_probes = True
+
     def get(self) -> None:
         self.finish({"status": "ok", "message": "Sandbox Runtime is active."})
 
 
 class ReadyHandler(BaseHandler):
+    open_to_probes = True
+
     def get(self) -> None:
         state = self.runtime.kernel.state
         if not state.ready:
@@ -158,8 +177,11 @@ class ChannelsHandler(websocket.WebSocketHandler):
                 return protocol
         return None
 
+    def prepare(self) -> None:
+        require_runtime_token(self)
+
     def check_origin(self, origin: str) -> bool:
-        return True  # reached only through the router, which authorizes
+        return True  # reached only through the router, which authorizes (and vouches)
 
     def open(self) -> None:  # type: ignore[override]
         protocol = self.selected_subprotocol
@@ -285,6 +307,7 @@ class UploadHandler(BaseHandler):
     refused: web.HTTPError | None = None
 
     def prepare(self) -> None:
+        super().prepare()
         limit = int(self.settings.get("max_upload_bytes", 1 << 30))
         self.request.connection.set_max_body_size(limit + DRAIN_BYTES)  # type: ignore[union-attr]
         length = self.request.headers.get("Content-Length")

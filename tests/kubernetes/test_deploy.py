@@ -109,7 +109,9 @@ def test_dry_run_rejects_a_broken_manifest(api_client):
 
 def test_rbac_is_least_privilege():
     """The router can only read sandboxes and claims (whose user a claim names, for
-    hub authorization); the operator never gets secrets or wildcards."""
+    hub authorization); nothing gets wildcards; of Secrets, the operator may only
+    make, read by name and update (each sandbox's runtime token), never list or
+    watch them."""
     docs = kustomize_documents()
     roles = {d["metadata"]["name"]: d for d in docs if d["kind"] in ("ClusterRole", "Role")}
     router = roles["jupyter-sandbox-router"]["rules"]
@@ -128,7 +130,10 @@ def test_rbac_is_least_privilege():
     for role in roles.values():
         for rule in role["rules"]:
             assert "*" not in rule["verbs"] and "*" not in rule["resources"]
-            assert "secrets" not in rule["resources"]
+            if "secrets" in rule["resources"]:
+                assert rule["resources"] == ["secrets"], rule
+                assert rule["verbs"] == ["get", "create", "update"], rule
+                assert role["metadata"]["name"] == "jupyter-sandbox-operator", role
 
 
 def test_helm_chart_renders_and_passes_dry_run(api_client, tmp_path):

@@ -72,9 +72,12 @@ def test_operator_works_with_its_clusterrole(
     )
     op = operator_factory(start=False)
     op.kubeconfig = kc
+    key = tmp_path / "runtime-key"
+    key.write_text("k" * 48)
     op.extra = [
         f"--leader-election-namespace={SYSTEM_NS}",
         f"--leader-election-id=rbac-test-{kube.ns}",
+        f"--runtime-key-file={key}",  # each sandbox's token Secret, under the same RBAC
     ]
     op.start()
     try:
@@ -92,6 +95,7 @@ def test_operator_works_with_its_clusterrole(
         name = claim["status"]["sandbox"]["name"]
         assert kube.pod(name) is not None
         assert kube.core.read_namespaced_service(name, kube.ns) is not None
+        assert kube.core.read_namespaced_secret(f"{name}-runtime-token", kube.ns) is not None
         # the managed NetworkPolicy and events were allowed too
         wait_for(
             lambda: kube.net.list_namespaced_network_policy(kube.ns).items, 30, what="NetworkPolicy"

@@ -14,6 +14,7 @@ import time
 import pytest
 
 from jupyter_sandbox.kube.client import Client, load_config
+from jupyter_sandbox.protocol import runtime_auth
 from jupyter_sandbox.router.kubernetes import SandboxResolver
 from jupyter_sandbox.router.upstreams import Upstream
 
@@ -127,6 +128,24 @@ def test_cluster_wide_without_fallback(kube, operator, resolver_factory):
     (sb,) = kube.list(SB)
     name = sb["metadata"]["name"]
     wait_for(lambda: _sync(r.lookup(kube.ns, name, 8888)), 10, what="cluster-wide watch sees it")
+
+
+def test_with_a_runtime_key_each_upstream_carries_its_sandboxs_token(
+    kube, operator, resolver_factory
+):
+    key = b"r" * 48
+    r = resolver_factory(allowed_namespaces=[kube.ns], runtime_key=key)
+    make_pool(kube, replicas=2)
+    wait_for(lambda: len(kube.list(SB)) == 2, 30, what="two sandboxes")
+    tokens = set()
+    for sb in kube.list(SB):
+        name, uid = sb["metadata"]["name"], sb["metadata"]["uid"]
+        up = wait_for(lambda n=name: _sync(r.lookup(kube.ns, n, 8888)), 30, what="an upstream")
+        assert up.runtime_token == runtime_auth.token_for(key, kube.ns, name, uid)
+        tokens.add(up.runtime_token)
+    assert len(tokens) == 2
+    # a sandbox the cache does not know is routed by DNS with no token: its runtime refuses
+    assert _sync(r.lookup(kube.ns, "nope", 8888)).runtime_token == ""
 
 
 def test_a_relist_reads_every_page(kube, operator, resolver_factory):

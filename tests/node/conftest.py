@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from jupyter_sandbox.protocol import runtime_auth
 from tests.helpers import wait_listening
 from tests.operator.conftest import Kube, OperatorProc, wait_for
 
@@ -25,11 +26,27 @@ EXAMPLE = REPO / "deploy" / "examples" / "python-kernel.yaml"
 REPLICAS = 2
 
 
-def _http(method: str, url: str, body: dict | None = None, timeout: float = 30) -> tuple[int, dict]:
+# The runtime key the node tests' operators and routers share (protocol/runtime_auth.py).
+RUNTIME_KEY = b"node-tests-runtime-key-0123456789abcdef0123456789"
+
+
+def runtime_token(kube: Kube, name: str) -> str:
+    """The token of sandbox ``name``'s runtime, as the router derives it."""
+    from tests.operator.conftest import SB
+
+    sandbox = kube.get(SB, name)
+    assert sandbox is not None, name
+    return runtime_auth.token_for(RUNTIME_KEY, kube.ns, name, sandbox["metadata"]["uid"])
+
+
+def _http(
+    method: str, url: str, body: dict | None = None, timeout: float = 30, token: str = ""
+) -> tuple[int, dict]:
     data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(
-        url, data=data, method=method, headers={"Content-Type": "application/json"}
-    )
+    headers = {"Content-Type": "application/json"}
+    if token:
+        headers[runtime_auth.HEADER] = token
+    req = urllib.request.Request(url, data=data, method=method, headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
             return r.status, json.loads(r.read() or b"{}")
@@ -37,9 +54,13 @@ def _http(method: str, url: str, body: dict | None = None, timeout: float = 30) 
         return e.code, json.loads(e.read() or b"{}")
 
 
-def run(ip: str, command: str) -> dict:
+def run(ip: str, command: str, token: str) -> dict:
+    """``command`` in the runtime at ``ip``, presenting its sandbox's token."""
     code, body = _http(
-        "POST", f"http://{ip}:8888/execute", {"command": command, "shell": True, "timeout": 30}
+        "POST",
+        f"http://{ip}:8888/execute",
+        {"command": command, "shell": True, "timeout": 30},
+        token=token,
     )
     assert code == 200, body
     return body
@@ -104,9 +125,21 @@ def host_pvs(kube, tmp_path):
             pass
 
 
+def runtime_key_file(tmp_path: Path) -> Path:
+    path = tmp_path / "runtime-key"
+    path.write_bytes(RUNTIME_KEY)
+    return path
+
+
 @pytest.fixture
 def operator(kube_node_cluster, kube, tmp_path):
-    p = OperatorProc(kube_node_cluster.kubeconfig, kube.ns, tmp_path / "operator.log").start()
+    key = runtime_key_file(tmp_path)
+    p = OperatorProc(
+        kube_node_cluster.kubeconfig,
+        kube.ns,
+        tmp_path / "operator.log",
+        [f"--runtime-key-file={key}"],
+    ).start()
     yield p
     p.stop()
 
@@ -136,8 +169,9 @@ def _free_port() -> int:
 @pytest.fixture
 def router_factory(kube_node_cluster, kube, tmp_path):
     """``python -m jupyter_sandbox.router`` on loopback, resolving sandboxes from the
-    API (their pod IPs); with a secret it requires scoped tokens, without one it
-    admits every caller (the upstream router's behaviour)."""
+    API (their pod IPs), presenting each runtime's token; with a secret it requires
+    scoped tokens, without one it admits every caller (the upstream router's
+    behaviour)."""
     procs: list[subprocess.Popen] = []
 
     def start(secret: str | None = None) -> tuple[str, Path | None]:
@@ -149,6 +183,7 @@ def router_factory(kube_node_cluster, kube, tmp_path):
             "--resolve=api",
             f"--kubeconfig={kube_node_cluster.kubeconfig}",
             f"--allowed-namespaces={kube.ns}",
+            f"--runtime-key-file={runtime_key_file(tmp_path)}",
         ]
         secret_file = None
         if secret:

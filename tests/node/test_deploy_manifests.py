@@ -29,7 +29,7 @@ import yaml
 from tests.hub.hubprocess import Hub, running_hub
 from tests.operator.conftest import CLAIM, POOL, SB, TPL, Kube, is_ready, wait_for
 
-from .conftest import pod_ready, run, sandbox_pod
+from .conftest import RUNTIME_KEY, _http, pod_ready, run, runtime_token, sandbox_pod
 
 pytestmark = [pytest.mark.node, pytest.mark.timeout(900)]
 
@@ -169,6 +169,14 @@ def deployed(kube_node_cluster, hub, tmp_path_factory):
                 "stringData": {"secret": SECRET},
             },
         )
+        # the runtime key, as deploy/README.md says to create it before applying
+        core.create_namespaced_secret(
+            SYSTEM_NS,
+            {
+                "metadata": {"name": "jupyter-sandbox-runtime-key"},
+                "stringData": {"key": RUNTIME_KEY.decode()},
+            },
+        )
         # and the hub's API URL (deploy/README.md, JupyterHub): hub users' tokens too
         core.create_namespaced_config_map(
             SYSTEM_NS,
@@ -290,8 +298,12 @@ def test_operator_and_router_run_in_cluster(kube_node_cluster, deployed):
     # no service-account token in the template's pod; the NetworkPolicy exists
     # (not enforced: the CNI bridge plugin has no policy support)
     assert pod.spec.automount_service_account_token is False
+    code, _ = _http("POST", f"http://{pod.status.pod_ip}:8888/execute", {"command": "id"})
+    assert code == 401, "the runtime answered a caller without its token"
     out = run(
-        pod.status.pod_ip, "ls /var/run/secrets/kubernetes.io/serviceaccount 2>&1; echo rc=$?"
+        pod.status.pod_ip,
+        "ls /var/run/secrets/kubernetes.io/serviceaccount 2>&1; echo rc=$?",
+        runtime_token(kube, name),
     )
     assert "rc=0" not in out["stdout"], out
     nps = kube.net.list_namespaced_network_policy(SANDBOX_NS).items

@@ -15,7 +15,15 @@ import pytest
 
 from tests.operator.conftest import CLAIM, POOL, SB, TPL, cond, is_ready, wait_for
 
-from .conftest import REPLICAS, _http, example_objects, pod_ready, run, sandbox_pod
+from .conftest import (
+    REPLICAS,
+    _http,
+    example_objects,
+    pod_ready,
+    run,
+    runtime_token,
+    sandbox_pod,
+)
 
 pytestmark = [pytest.mark.node, pytest.mark.timeout(900)]
 
@@ -70,9 +78,16 @@ def test_pool_claim_suspend_resume_on_real_pods(kube_node_cluster, kube, host_pv
     ip = pod.status.pod_ip
     code, body = _http("GET", f"http://{ip}:8888/readyz")
     assert code == 200 and body["ready"], body
-    out = run(ip, "echo kept-across-suspend > /workspace/keep.txt && id -u && hostname")
+    # the pod IP alone gives nothing: not without the sandbox's token, not with another's
+    token = runtime_token(kube, name)
+    other = runtime_token(kube, next(iter(pool_sandboxes - {name})))
+    for presented in ("", other):
+        code, _ = _http("POST", f"http://{ip}:8888/execute", {"command": "id"}, token=presented)
+        assert code == 401, (presented, code)
+    out = run(ip, "echo kept-across-suspend > /workspace/keep.txt && id -u && hostname", token)
     assert out["exit_code"] == 0 and out["stdout"].split() == ["1000", name], out
-    out = run(ip, "ls /var/run/secrets/kubernetes.io/serviceaccount 2>&1; echo rc=$?")
+    assert "SANDBOX_RUNTIME_TOKEN" not in run(ip, "env", token)["stdout"]
+    out = run(ip, "ls /var/run/secrets/kubernetes.io/serviceaccount 2>&1; echo rc=$?", token)
     assert "rc=0" not in out["stdout"], out
 
     # suspend: the pod goes, PVC and Service stay
@@ -108,7 +123,7 @@ def test_pool_claim_suspend_resume_on_real_pods(kube_node_cluster, kube, host_pv
     assert new.metadata.uid != pod.metadata.uid
     (vol,) = [v for v in new.spec.volumes if v.persistent_volume_claim]
     assert vol.persistent_volume_claim.claim_name == pvc_name
-    out = run(new.status.pod_ip, "cat /workspace/keep.txt")
+    out = run(new.status.pod_ip, "cat /workspace/keep.txt", token)  # (same Sandbox: same token)
     assert out["stdout"].strip() == "kept-across-suspend", out
     wait_for(lambda: is_ready(kube.get(SB, name)), 60, what="Sandbox Ready after resume")
 

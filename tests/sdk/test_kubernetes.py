@@ -18,10 +18,13 @@ from jupyter_sandbox.client import (
     SandboxInClusterConnectionConfig,
     SandboxWarmPoolNotFoundError,
 )
+from jupyter_sandbox.protocol import runtime_auth
 from tests.kubernetes.conftest import (  # noqa: F401 - fixtures are used by name
     CLAIM,
+    SB,
     api_client,
     kube,
+    make_pool,
     operator,
     operator_factory,
     wait_for,
@@ -62,6 +65,29 @@ def test_sdk_claims_and_terminates_on_kubernetes(kube, kube_cluster, warm_pool) 
     client.close()
 
 
+def test_in_cluster_mode_presents_the_runtimes_own_token(
+    kube,  # noqa: F811
+    kube_cluster,
+    operator_factory,  # noqa: F811
+    tmp_path,
+) -> None:
+    """No router in between, so the SDK reads the sandbox's token Secret itself (with
+    its own credentials: a caller that may not read it gets a runtime that says 401)."""
+    key = b"sdk-in-cluster-runtime-key-0123456789abcdef"
+    (tmp_path / "key").write_bytes(key)
+    operator_factory(f"--runtime-key-file={tmp_path / 'key'}")
+    make_pool(kube, service=True)
+    options = {"kubeconfig": str(kube_cluster.kubeconfig)}
+    client = SandboxClient(SandboxInClusterConnectionConfig(), backend_options=options)
+    with client.create_sandbox("pool", namespace=kube.ns) as sb:
+        uid = kube.get(SB, sb.sandbox_id)["metadata"]["uid"]
+        expected = runtime_auth.token_for(key, kube.ns, sb.sandbox_id, uid)
+        assert sb.endpoint.headers()[runtime_auth.HEADER] == expected
+        name = sb.claim_name
+    wait_for(lambda: gone(kube, name), 30, what="the claim deleted")
+    client.close()
+
+
 def test_sdk_router_mode_uses_the_router_url(kube, kube_cluster, warm_pool) -> None:  # noqa: F811
     config = SandboxDirectConnectionConfig(api_url="http://router.example:8080/")
     client = SandboxClient(config, backend_options={"kubeconfig": str(kube_cluster.kubeconfig)})
@@ -69,6 +95,7 @@ def test_sdk_router_mode_uses_the_router_url(kube, kube_cluster, warm_pool) -> N
         assert sb.endpoint.router_url == "http://router.example:8080"
         assert sb.endpoint.headers()["X-Sandbox-ID"] == sb.sandbox_id
         assert sb.endpoint.headers()["X-Sandbox-Namespace"] == kube.ns
+        assert runtime_auth.HEADER not in sb.endpoint.headers()  # the router sends it
         name = sb.claim_name
     wait_for(lambda: gone(kube, name), 30, what="the claim deleted")
     client.close()
