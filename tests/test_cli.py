@@ -54,6 +54,12 @@ def test_bad_input_is_a_clear_error() -> None:
     assert result.returncode == 2 and "--hub-api-url needs --resolve=api" in result.stderr
     result = cli("router", "--resolve=api", "--hub-api-url=hub:8081")
     assert result.returncode == 2 and "must be an http(s) URL" in result.stderr
+    # closed by default: no way to authorize callers is an error, not an open router
+    result = cli("router", "--resolve=dns")
+    assert result.returncode == 2 and "no way to authorize callers" in result.stderr
+    # runtime tokens name the Sandbox's uid, which only the API resolver knows
+    result = cli("router", "--resolve=dns", "--allow-unauthenticated", "--runtime-key-file=k")
+    assert result.returncode == 2 and "--runtime-key-file needs --resolve=api" in result.stderr
 
 
 @pytest.mark.usefixtures("warm_daemon")

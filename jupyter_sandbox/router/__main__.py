@@ -57,8 +57,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--token-secret-file",
         default=os.environ.get("ROUTER_TOKEN_SECRET_FILE"),
-        help="secret for scoped sandbox tokens; without it the router "
-        "admits every caller (upstream's in-cluster behaviour)",
+        help="secret for scoped sandbox tokens (or --hub-api-url, or both)",
+    )
+    parser.add_argument(
+        "--allow-unauthenticated",
+        action="store_true",
+        default=os.environ.get("ROUTER_ALLOW_UNAUTHENTICATED", "") in ("1", "true", "yes"),
+        help="with neither a token secret nor a hub, admit every caller that can reach "
+        "the router (upstream's in-cluster behaviour); otherwise it refuses to start",
     )
     parser.add_argument(
         "--hub-api-url",
@@ -96,6 +102,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.resolve is None:
         args.resolve = "api" if (args.kubeconfig or _in_cluster()) else "dns"
+    if not (args.token_secret_file or args.hub_api_url or args.allow_unauthenticated):
+        parser.error(
+            "no way to authorize callers: give --token-secret-file "
+            "(ROUTER_TOKEN_SECRET_FILE) or --hub-api-url (ROUTER_HUB_API_URL); "
+            "--allow-unauthenticated (ROUTER_ALLOW_UNAUTHENTICATED=1) admits every "
+            "caller that can reach the router"
+        )
     if args.runtime_key_file and args.resolve != "api":
         parser.error("--runtime-key-file needs --resolve=api (tokens name the sandbox's uid)")
     if args.hub_api_url:

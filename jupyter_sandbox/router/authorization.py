@@ -8,7 +8,8 @@
   (``router/hub_auth.py``; what single-user servers send on a hub).
 
 With neither configured every caller is admitted (upstream's in-cluster
-behaviour; keep such a router off user networks).
+behaviour), which ``jupyter-sandbox router`` refuses unless told
+``--allow-unauthenticated``; the local daemon's router always has a secret.
 """
 
 from __future__ import annotations

@@ -207,6 +207,7 @@ def test_router_main_with_api_resolver(kube, kube_cluster, tmp_path):
             f"--kubeconfig={kube_cluster.kubeconfig}",
             f"--allowed-namespaces={kube.ns}",
             "--no-dns-fallback",
+            "--allow-unauthenticated",
         ],
         stdout=log,
         stderr=subprocess.STDOUT,

@@ -190,6 +190,8 @@ def router_factory(kube_node_cluster, kube, tmp_path):
             secret_file = tmp_path / f"router-secret-{len(procs)}"
             secret_file.write_text(secret)
             args.append(f"--token-secret-file={secret_file}")
+        else:
+            args.append("--allow-unauthenticated")
         port = _free_port()
         args.append(f"--port={port}")
         log_path = tmp_path / f"router-{len(procs)}.log"
