@@ -49,18 +49,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--no-kernel", action="store_true", help="do not pre-start the kernel")
     parser.add_argument("--max-upload-bytes", type=int, default=DEFAULT_MAX_BODY)
     parser.add_argument(
-        "--data-only",
-        default=None,
-        metavar="DIR",
-        help="no symbolic link, FIFO, socket or device node can be created beneath DIR, by "
-        "this process or anything it starts (Landlock); the runtime does not start without it",
-    )
-    parser.add_argument(
         "--confine",
         default=None,
-        metavar="RULES",
-        help="Landlock rules (JSON, landlock.to_json) for a sandbox without bubblewrap, put "
-        "on this process and everything it starts before anything else runs",
+        metavar="POLICY",
+        help="a Landlock policy (JSON, landlock.Policy): made into rules from this "
+        "process's view of the filesystem and put on it and everything it starts before "
+        "anything else runs; the runtime does not start without them",
     )
     parser.add_argument(
         "--ready-fd",
@@ -145,14 +139,11 @@ def main(argv: list[str] | None = None) -> int:
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
     )
-    if args.data_only is not None:
+    if args.confine is not None:
         # Before any thread exists (the loop, ZMQ's I/O threads): they would keep
         # their rights. The rules are made here, from this process's own view of
-        # the filesystem (a sandbox's), and a runtime asked to confine itself that
-        # cannot does not start.
-        landlock.restrict_self(landlock.bound_tree_carries_data(args.data_only))
-    if args.confine is not None:
-        landlock.restrict_self(landlock.from_json(args.confine))
+        # the filesystem (inside bubblewrap, a sandbox's).
+        landlock.restrict_self(landlock.Policy.from_json(args.confine).rules())
     asyncio.run(serve(args))
     return 0
 

@@ -2,25 +2,26 @@
 
 Landlock is the kernel's unprivileged access control for file hierarchies (Linux
 5.13 and later): a process can give up rights for good, before it runs anything
-it does not trust, and its children inherit the restriction. The runtime server
-makes and applies them from its own view of the filesystem before it starts
-anything else (``python -m jupyter_sandbox.runtime --data-only DIR``).
+it does not trust, and its children inherit the restriction. The daemon writes
+a :class:`Policy` (paths by kind); the runtime server turns it into rules in its
+own view of the filesystem and applies them before it starts anything else
+(``python -m jupyter_sandbox.runtime --confine POLICY``).
 
-Two rule sets:
+:func:`confinement` closes the whole filesystem but for what the sandbox needs:
+the system and the Python installation read-only, its own directories
+read-write, and the notebook's directory, bound from the host, as data only: no
+symbolic link, FIFO, socket or device node can be created beneath it
+(``MAKE_SYM``, ``MAKE_FIFO``, ``MAKE_SOCK``, ``MAKE_CHAR``, ``MAKE_BLOCK``),
+because host tools (jupyter_server's checkpoints, git, a shell) follow or open
+what they find there. With ABI 6 no signal or abstract Unix socket reaches
+anything outside, and Landlock keeps a confined process from ptracing any process
+outside its domain.
 
-* :func:`bound_tree_carries_data` (inside bubblewrap): beneath the notebook's
-  directory, bound from the host, no symbolic link, FIFO, socket or device node
-  can be created (``MAKE_SYM``, ``MAKE_FIFO``, ``MAKE_SOCK``, ``MAKE_CHAR``,
-  ``MAKE_BLOCK``), because host tools (jupyter_server's checkpoints, git, a shell)
-  follow or open what they find there; everywhere else the sandbox keeps them.
-  Landlock cannot exclude a directory from a grant on its parent, so the grant is
-  made on every sibling along the path down to the bound directory instead.
-* :func:`confinement` (where bubblewrap is missing): the whole filesystem is
-  closed but for what the sandbox needs (the system and the Python installation
-  read-only, its own directories read-write, the bound directory as data), TCP
-  connections only to the ports named (ABI 4), and no signals or abstract Unix
-  sockets to anything outside (ABI 6). Landlock also keeps a confined process
-  from ptracing (or reading ``/proc/<pid>/environ`` of) any process outside.
+* Where bubblewrap is missing this is the sandbox's confinement, with TCP
+  connections only to the ports named (ABI 4).
+* Inside bubblewrap it is a second layer over the sandbox's own view (its
+  mounts), so that one layer's mistake is not an escape; TCP is left to the
+  network namespace there.
 """
 
 from __future__ import annotations
@@ -121,19 +122,57 @@ class Rules:
         return 3 if self.handled & TRUNCATE else 2
 
 
+@dataclass(frozen=True)
+class Policy:
+    """What a sandbox may touch, by path, before the paths are looked at: the daemon
+    writes it, the runtime turns it into Rules (``confinement``) in its own view of
+    the filesystem, which inside bubblewrap is not the daemon's."""
+
+    read_only: tuple[str, ...]
+    read_write: tuple[str, ...]
+    data_only: str | None = None
+    # TCP ports connect() may reach; None leaves TCP alone (a network namespace
+    # of its own and the daemon's egress policy decide there).
+    connect_ports: tuple[int, ...] | None = (53, 80, 443)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> Policy:
+        data = json.loads(text)
+        ports = data.get("connect_ports")
+        return cls(
+            read_only=tuple(str(p) for p in data["read_only"]),
+            read_write=tuple(str(p) for p in data["read_write"]),
+            data_only=str(data["data_only"]) if data.get("data_only") else None,
+            connect_ports=tuple(int(p) for p in ports) if ports is not None else None,
+        )
+
+    def rules(self, abi: int | None = None) -> Rules:
+        return confinement(
+            read_only=list(self.read_only),
+            read_write=list(self.read_write),
+            data_only=self.data_only,
+            connect_ports=self.connect_ports,
+            abi=abi,
+        )
+
+
 def confinement(
     *,
     read_only: list[str],
     read_write: list[str],
     data_only: str | None,
     devices: str = "/dev",
-    connect_ports: tuple[int, ...] = (53, 80, 443),
+    connect_ports: tuple[int, ...] | None = (53, 80, 443),
     abi: int | None = None,
 ) -> Rules:
-    """A whole process confined by Landlock alone, as far as this kernel's ABI goes.
+    """A whole process confined by Landlock, as far as this kernel's ABI goes.
 
     Paths that do not exist are left out. ``data_only`` (the bound notebook
-    directory) is read-write without SPECIAL_FILES.
+    directory) is read-write without SPECIAL_FILES. ``connect_ports`` None: TCP
+    is not handled.
     """
     abi = abi_version() if abi is None else abi
     if abi < 2:
@@ -153,31 +192,10 @@ def confinement(
     return Rules(
         handled=everything,
         grants=tuple(grants),
-        handled_net=CONNECT_TCP if abi >= 4 else 0,
-        ports=tuple(connect_ports) if abi >= 4 else (),
+        handled_net=CONNECT_TCP if abi >= 4 and connect_ports is not None else 0,
+        ports=tuple(connect_ports) if abi >= 4 and connect_ports is not None else (),
         scoped=SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL if abi >= 6 else 0,
     )
-
-
-def bound_tree_carries_data(bound: str, root: str = "/") -> Rules:
-    """No special files beneath ``bound``; everything as before elsewhere.
-
-    Grants SPECIAL_FILES and REFER on every directory beside the path from
-    ``root`` down to ``bound``, as it is now (a directory made later beside an
-    ancestor of ``bound`` does not get them), and REFER alone on ``bound``:
-    renames and links within it stay possible (links across mounts never were).
-    """
-    bound = os.path.normpath(bound)
-    grants: list[tuple[str, int]] = []
-    here = os.path.normpath(root)
-    for part in os.path.relpath(bound, here).split(os.sep):
-        for entry in sorted(os.listdir(here)):
-            path = os.path.join(here, entry)
-            if entry != part and os.path.isdir(path) and not os.path.islink(path):
-                grants.append((path, SPECIAL_FILES | REFER))
-        here = os.path.join(here, part)
-    grants.append((bound, REFER))
-    return Rules(SPECIAL_FILES | REFER, tuple(grants))
 
 
 def restrict_self(rules: Rules) -> None:
@@ -221,18 +239,3 @@ def restrict_self(rules: Rules) -> None:
 def _error(what: str) -> LandlockError:
     errno = ctypes.get_errno()
     return LandlockError(errno, f"{what}: {os.strerror(errno)}")
-
-
-def to_json(rules: Rules) -> str:
-    return json.dumps(asdict(rules))
-
-
-def from_json(text: str) -> Rules:
-    data = json.loads(text)
-    return Rules(
-        handled=int(data["handled"]),
-        grants=tuple((str(p), int(r)) for p, r in data["grants"]),
-        handled_net=int(data.get("handled_net", 0)),
-        ports=tuple(int(p) for p in data.get("ports", ())),
-        scoped=int(data.get("scoped", 0)),
-    )

@@ -11,6 +11,8 @@ import json
 import os
 import shutil
 import stat
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -382,3 +384,48 @@ async def test_kernel_channels_are_not_open_to_other_local_processes(warm_daemon
     finally:
         await km.shutdown_kernel()
     assert not directory.exists()
+
+
+def test_a_mount_too_many_is_still_out_of_reach(tmp_path: Path) -> None:
+    """Defense in depth: were bubblewrap's command line to bind a host directory it
+    should not (a mistake in one layer), the Landlock layer the runtime puts on
+    itself (the sandbox's own view, isolation.landlock_policy_inside) still refuses
+    it. Real bubblewrap, real Landlock: the mistake is made on purpose here."""
+    from jupyter_sandbox.control_plane.local import isolation
+    from jupyter_sandbox.runtime import landlock
+
+    if landlock.abi_version() < 2:
+        pytest.skip("no Landlock ABI 2 on this kernel")
+    secret = tmp_path / "keys"
+    secret.mkdir()
+    (secret / "id_rsa").write_text("PRIVATE KEY")
+    secret.chmod(0o755)
+    (secret / "id_rsa").chmod(0o644)
+    (tmp_path / "ws").mkdir()
+    (tmp_path / "rt").mkdir()
+    policy = isolation.landlock_policy_inside()
+    code = (
+        f"import sys; sys.path.insert(0, {str(REPO)!r})\n"
+        "from jupyter_sandbox.runtime import landlock\n"
+        "print(open('/mistake/id_rsa').read())\n"
+        f"landlock.restrict_self(landlock.Policy.from_json({policy.to_json()!r}).rules())\n"
+        "try:\n"
+        "    open('/mistake/id_rsa').read(); print('read')\n"
+        "except PermissionError:\n"
+        "    print('refused')\n"
+        "open('/workspace/mine', 'w').write('ok'); print('own workspace')\n"
+    )
+    argv = isolation.bwrap_command(
+        workspace=str(tmp_path / "ws"),
+        runtime_dir=str(tmp_path / "rt"),
+        inner=[sys.executable, "-I", "-c", code],
+        env={"PATH": "/usr/bin:/bin"},
+        confinement=isolation.Confinement(),
+    )
+    # the mistake: one bind too many, among the others (before / is made read-only)
+    mistake = ["--ro-bind", str(secret), "/mistake"]
+    at = next(i for i in range(len(argv)) if argv[i : i + 2] == ["--remount-ro", "/"])
+    argv = [*argv[:at], *mistake, *argv[at:]]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:3] == ["PRIVATE KEY", "refused", "own workspace"], done

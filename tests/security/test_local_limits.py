@@ -94,6 +94,15 @@ def test_dev_shm_is_sized_and_dev_itself_takes_no_files(limited: Sandbox) -> Non
     assert "stopped 30" in out and "written_mb 0" in out, out  # EROFS
 
 
+@pytest.mark.parametrize("path", ["/fill", "/etc/fill", "/run/fill"])
+def test_bubblewraps_own_root_takes_no_files(limited: Sandbox, path: str) -> None:
+    """bwrap's root (and the /etc and /run it makes there) is an unsized tmpfs that
+    an ordinary user's sandbox owns: 50 MB went into /big past every bound. It is
+    read-only now (EROFS), and the Landlock layer inside would refuse it too."""
+    out = run(limited, FILL_TMP, path)
+    assert "written_mb 0" in out and ("stopped 30" in out or "stopped 13" in out), out
+
+
 MANY_PROCESSES = FORK_BOMB.replace("range(300)", "range(1500)")
 
 

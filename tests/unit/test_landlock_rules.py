@@ -1,5 +1,5 @@
-"""The Landlock rules that keep a bound directory to data (runtime/landlock.py):
-which hierarchies are granted special files, computed from a directory tree."""
+"""Landlock policies and the rules they become (runtime/landlock.py): the bound
+directory as data, the sandbox's own places, what crosses to the runtime."""
 
 from __future__ import annotations
 
@@ -9,25 +9,50 @@ import pytest
 
 from jupyter_sandbox.runtime import landlock
 
-SPECIAL = landlock.SPECIAL_FILES | landlock.REFER
 
-
-def test_every_sibling_along_the_path_keeps_special_files_and_the_bound_tree_does_not(
+def test_the_bound_tree_is_data_only_and_the_sandboxs_own_places_are_not(
     tmp_path: Path,
 ) -> None:
-    for d in ("home/alice/project/sub", "home/bob", "tmp", "workspace"):
+    for d in ("usr", "workspace", "notebooks/project"):
         (tmp_path / d).mkdir(parents=True)
-    (tmp_path / "home" / "alice" / "notes.txt").write_text("a file, not a hierarchy")
-    (tmp_path / "home" / "alice" / "link").symlink_to(tmp_path / "tmp")
-    rules = landlock.bound_tree_carries_data(str(tmp_path / "home/alice/project"), str(tmp_path))
-    grants = {str(Path(p).relative_to(tmp_path)): rights for p, rights in rules.grants}
+    policy = landlock.Policy(
+        read_only=(str(tmp_path / "usr"), str(tmp_path / "gone")),
+        read_write=(str(tmp_path / "workspace"),),
+        data_only=str(tmp_path / "notebooks/project"),
+        connect_ports=None,
+    )
+    rules = policy.rules(abi=6)
+    grants = {str(Path(p).relative_to(tmp_path)): r for p, r in rules.grants if p != "/dev"}
+    everything = landlock.FS_RIGHTS[5]
     assert grants == {
-        "tmp": SPECIAL,
-        "workspace": SPECIAL,
-        "home/bob": SPECIAL,
-        "home/alice/project": landlock.REFER,  # renames and links within it only
+        "usr": landlock.READ,  # (a path that does not exist is left out)
+        "workspace": everything,
+        "notebooks/project": everything & ~landlock.SPECIAL_FILES,
     }
-    assert rules.handled == SPECIAL
+    assert rules.handled_net == 0 and rules.ports == ()  # TCP left to the namespace
+    assert landlock.Policy(("/usr",), ("/w",)).rules(abi=6).ports == (53, 80, 443)
+
+
+def test_a_policy_crosses_to_the_runtime_unchanged() -> None:
+    for policy in (
+        landlock.Policy(("/usr", "/etc/hosts"), ("/workspace",), "/srv/nb", None),
+        landlock.Policy(("/usr",), ("/w", "/dev/shm"), None, (53, 443)),
+    ):
+        assert landlock.Policy.from_json(policy.to_json()) == policy
+
+
+def test_inside_bubblewrap_the_second_layer_names_the_sandboxs_own_paths() -> None:
+    from jupyter_sandbox.control_plane.local import isolation
+
+    confinement = isolation.Confinement(files_dir="/srv/notebooks/p", pool_packages="/x")
+    policy = isolation.landlock_policy_inside(confinement)
+    assert set(policy.read_write) == {"/workspace", "/run/sandbox", "/tmp", "/dev/shm"}
+    assert isolation.POOL_PACKAGES in policy.read_only and "/proc" in policy.read_only
+    assert policy.data_only == "/srv/notebooks/p" and policy.connect_ports is None
+    read_only = isolation.landlock_policy_inside(
+        isolation.Confinement(files_dir="/srv/notebooks/p", files_read_only=True)
+    )
+    assert read_only.data_only is None and "/srv/notebooks/p" in read_only.read_only
 
 
 def test_this_kernel_reports_its_landlock_abi() -> None:
@@ -53,9 +78,10 @@ def test_a_process_without_its_own_pid_namespace_is_given_no_process_directory()
     """Landlock does not keep a confined process from reading /proc/<pid>/environ of
     the user's other processes, so /proc itself is never granted, only its
     machine-wide files."""
-    from jupyter_sandbox.control_plane.local.isolation import PROC_GLOBAL, landlock_rules
+    from jupyter_sandbox.control_plane.local.isolation import PROC_GLOBAL, landlock_policy
 
-    rules = landlock_rules(workspace="/nonexistent-ws", runtime_dir="/nonexistent-run")
+    policy = landlock_policy(workspace="/nonexistent-ws", runtime_dir="/nonexistent-run")
+    rules = policy.rules()
     granted = [path for path, _ in rules.grants]
     assert "/proc" not in granted and "/proc/self" not in granted
     assert set(PROC_GLOBAL) & set(granted)

@@ -357,26 +357,47 @@ PROC_GLOBAL = tuple(
 )
 
 
-def landlock_rules(
+def landlock_policy(
     *,
     workspace: str,
     runtime_dir: str,
     confinement: Confinement = Confinement(),
-) -> landlock.Rules:
-    """What a sandbox without bubblewrap may touch, as Landlock rules: the same
-    directories a bubblewrap sandbox sees, at their host paths."""
+) -> landlock.Policy:
+    """What a sandbox without bubblewrap may touch: the same directories a
+    bubblewrap sandbox sees, at their host paths."""
     c = confinement
     read_only = [*SYSTEM_DIRS, *ETC_FILES, "/etc/passwd", "/etc/group", "/sys", *PROC_GLOBAL]
     read_only += python_paths(c.state_dir)
     read_only += [check_ro_file(path, c.state_dir) for path in c.ro_files]
     if c.pool_packages:
         read_only.append(check_pool_packages(c.pool_packages, c.state_dir))
+    # /dev/shm: POSIX semaphores (multiprocessing, joblib) live there
+    return _policy(read_only, [workspace, runtime_dir, "/dev/shm"], c, connect_ports=(53, 80, 443))
+
+
+def landlock_policy_inside(confinement: Confinement = Confinement()) -> landlock.Policy:
+    """The second layer inside bubblewrap: what its mounts show the sandbox, again
+    as Landlock rules (at the sandbox's paths), so that a mount too many is not an
+    escape. Its own /proc (own PID namespace) is readable; TCP is left to its
+    network namespace."""
+    c = confinement
+    read_only = [*SYSTEM_DIRS, *ETC_FILES, "/proc", *python_paths(c.state_dir), *c.ro_files]
+    if c.pool_packages:
+        read_only.append(POOL_PACKAGES)
+    read_write = [WORKSPACE, RUNTIME_DIR, "/tmp", "/dev/shm"]
+    return _policy(read_only, read_write, c, connect_ports=None)
+
+
+def _policy(
+    read_only: list[str],
+    read_write: list[str],
+    c: Confinement,
+    connect_ports: tuple[int, ...] | None,
+) -> landlock.Policy:
     if c.files_dir and c.files_read_only:
         read_only.append(c.files_dir)
-    # /dev/shm: POSIX semaphores (multiprocessing, joblib) live there
-    read_write = [workspace, runtime_dir, "/dev/shm"]
     data_only = c.files_dir if c.files_dir and not c.files_read_only else None
-    return landlock.confinement(read_only=read_only, read_write=read_write, data_only=data_only)
+    return landlock.Policy(tuple(read_only), tuple(read_write), data_only, connect_ports)
 
 
 def _parents(path: str, made: set[str]) -> list[str]:
@@ -481,13 +502,12 @@ def bwrap_command(
         if not any(_contains(shown, path) for shown in (*SYSTEM_DIRS, *ETC_FILES)):
             # (system files are there already)
             args += [*_parents(path, made), "--ro-bind", real, path]
+    args += ["--bind", workspace, WORKSPACE, "--bind", runtime_dir, RUNTIME_DIR]
+    # bwrap's root is an unsized tmpfs the sandbox user owns (its own uid's, as an
+    # ordinary user): a file written into /, /etc or /run escaped every memory
+    # bound. Read-only once every mount point is made; the binds keep their modes.
+    args += ["--remount-ro", "/"]
     args += [
-        "--bind",
-        workspace,
-        WORKSPACE,
-        "--bind",
-        runtime_dir,
-        RUNTIME_DIR,
         "--chdir",
         # bubblewrap's uid 0 there may not enter the workspace: the runtime does, as itself
         "/" if c.userns_fd is not None else WORKSPACE,

@@ -34,7 +34,8 @@ from .isolation import (
     Confinement,
     Isolation,
     bwrap_command,
-    landlock_rules,
+    landlock_policy,
+    landlock_policy_inside,
     package_parent,
 )
 from .network import NetnsHandshake, UserNetwork, user_network_available, write_sandbox_resolv_conf
@@ -323,25 +324,26 @@ class SandboxProcess:
         ]
         if spec.files_dir is not None:
             inner += ["--kernel-cwd", str(spec.files_dir)]
-            if isolated and not spec.files_read_only and landlock_available():
-                # host tools follow links and open FIFOs they find there
-                inner += ["--data-only", str(spec.files_dir)]
+        confinement = self._confinement(seccomp_fd, netns_args)
         if not isolated:
             (spec.runtime_dir / "tmp").mkdir(exist_ok=True)
             if self.isolation.kind == "landlock":
-                rules = landlock_rules(
+                policy = landlock_policy(
                     workspace=str(spec.workspace),
                     runtime_dir=str(spec.runtime_dir),
-                    confinement=self._confinement(seccomp_fd=None, netns_args=[]),
+                    confinement=confinement,
                 )
-                inner += ["--confine", landlock.to_json(rules)]
+                inner += ["--confine", policy.to_json()]
             return inner, env
+        if landlock_available():
+            # a second layer: what the mounts show, again as Landlock rules
+            inner += ["--confine", landlock_policy_inside(confinement).to_json()]
         argv = bwrap_command(
             workspace=str(spec.workspace),
             runtime_dir=str(spec.runtime_dir),
             inner=inner,
             env=env,
-            confinement=self._confinement(seccomp_fd, netns_args),
+            confinement=confinement,
         )
         return argv, {"PATH": env["PATH"]}
 
