@@ -13,7 +13,9 @@ read-write, and the notebook's directory, bound from the host, as data only: no
 symbolic link, FIFO, socket or device node can be created beneath it
 (``MAKE_SYM``, ``MAKE_FIFO``, ``MAKE_SOCK``, ``MAKE_CHAR``, ``MAKE_BLOCK``),
 because host tools (jupyter_server's checkpoints, git, a shell) follow or open
-what they find there. With ABI 6 no signal or abstract Unix socket reaches
+what they find there (where it lies beneath a read-write place, such as the
+sandbox's /tmp, that place keeps them only in the directories beside the path
+down to it, as they are at the start). With ABI 6 no signal or abstract Unix socket reaches
 anything outside, and Landlock keeps a confined process from ptracing any process
 outside its domain.
 
@@ -185,7 +187,16 @@ def confinement(
     if os.path.isdir(devices):
         grants.append((devices, READ_FILE | WRITE_FILE | READ_DIR | (IOCTL_DEV & everything)))
     for path in read_write:
-        if os.path.isdir(path):
+        if not os.path.isdir(path):
+            continue
+        if data_only is not None and _beneath(path, data_only):
+            # Rights add up down a hierarchy and Landlock cannot take one back
+            # beneath a grant: the read-write place keeps special files only in
+            # the directories beside the path down to the bound one, as they are
+            # now (one made later gets none).
+            grants.append((path, everything & ~SPECIAL_FILES))
+            grants += [(p, SPECIAL_FILES) for p in _beside_the_path(path, data_only)]
+        else:
             grants.append((path, everything))
     if data_only is not None and os.path.isdir(data_only):
         grants.append((data_only, everything & ~SPECIAL_FILES))
@@ -196,6 +207,28 @@ def confinement(
         ports=tuple(connect_ports) if abi >= 4 and connect_ports is not None else (),
         scoped=SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL if abi >= 6 else 0,
     )
+
+
+def _beneath(top: str, path: str) -> bool:
+    top, path = os.path.normpath(top), os.path.normpath(path)
+    return path != top and path.startswith(top.rstrip(os.sep) + os.sep)
+
+
+def _beside_the_path(top: str, bound: str) -> list[str]:
+    """Every directory beside the path from ``top`` down to ``bound`` (not on it)."""
+    out: list[str] = []
+    here = os.path.normpath(top)
+    for part in os.path.relpath(os.path.normpath(bound), here).split(os.sep):
+        try:
+            entries = sorted(os.listdir(here))
+        except OSError:
+            break
+        for entry in entries:
+            path = os.path.join(here, entry)
+            if entry != part and os.path.isdir(path) and not os.path.islink(path):
+                out.append(path)
+        here = os.path.join(here, part)
+    return out
 
 
 def restrict_self(rules: Rules) -> None:

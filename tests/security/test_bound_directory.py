@@ -102,3 +102,32 @@ async def test_no_link_fifo_or_socket_can_be_planted_next_to_the_notebook(
         assert b"PRIVATE KEY" not in (response.body or b"")
         await server.request("DELETE", f"/api/kernels/{kernel_id}", expect=204)
     assert not os.path.lexists(folder / "results.csv")
+
+
+async def test_a_notebook_directory_under_tmp_carries_only_data_too(tmp_path: Path) -> None:
+    """The sandbox's own /tmp may create links, and Landlock adds rights up a
+    hierarchy: a notebook directory beneath /tmp (pytest's, a scratch project)
+    must not get them back through it."""
+    secret = tmp_path / "id_rsa"
+    secret.write_text("-----BEGIN OPENSSH PRIVATE KEY----- not for the sandbox")
+    with jupyter_server(tmp_path) as server:
+        assert str(server.root).startswith("/tmp/"), server.root
+        folder = project(server.root)
+        (folder / "linked.csv").symlink_to("data.csv")
+        kernel_id = await start_notebook_kernel(server, "project/analysis.ipynb")
+        ws = await KernelSocket(server, kernel_id).connect()
+        try:
+            result = await ws.execute(f"SECRET = {str(secret)!r}\n" + PLANT)
+        finally:
+            ws.close()
+        assert result.status == "ok", result.reply
+        outcome = json.loads(result.stdout.splitlines()[0])
+        for kind in ("symlink", "fifo", "socket"):
+            assert outcome[f".: {kind}"] == "PermissionError", outcome
+            assert outcome[f"subdir: {kind}"] == "PermissionError", outcome
+            assert outcome[f"/workspace: {kind}"] == "made", outcome
+        assert outcome[".: file"] == "made", outcome
+        await server.request("DELETE", f"/api/kernels/{kernel_id}", expect=204)
+    for path in folder.rglob("*"):
+        mode = path.lstat().st_mode
+        assert stat.S_ISREG(mode) or stat.S_ISDIR(mode) or path.name == "linked.csv", path

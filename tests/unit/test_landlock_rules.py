@@ -33,6 +33,28 @@ def test_the_bound_tree_is_data_only_and_the_sandboxs_own_places_are_not(
     assert landlock.Policy(("/usr",), ("/w",)).rules(abi=6).ports == (53, 80, 443)
 
 
+def test_beneath_a_read_write_place_only_the_directories_beside_the_path_keep_special_files(
+    tmp_path: Path,
+) -> None:
+    """Rights add up down a hierarchy: a notebook directory under the sandbox's /tmp
+    would get /tmp's special files back. /tmp keeps them only beside the path."""
+    tmp = tmp_path / "tmp"
+    for d in ("pytest/run-1/project/sub", "pytest/run-0", "pymp-1"):
+        (tmp / d).mkdir(parents=True)
+    (tmp / "pytest" / "notes.txt").write_text("a file, not a hierarchy")
+    (tmp / "link").symlink_to(tmp_path)
+    bound = tmp / "pytest/run-1/project"
+    rules = landlock.Policy((), (str(tmp),), str(bound), None).rules(abi=6)
+    grants = {str(Path(p).relative_to(tmp_path)): r for p, r in rules.grants if p != "/dev"}
+    everything = landlock.FS_RIGHTS[5]
+    assert grants == {
+        "tmp": everything & ~landlock.SPECIAL_FILES,
+        "tmp/pymp-1": landlock.SPECIAL_FILES,
+        "tmp/pytest/run-0": landlock.SPECIAL_FILES,
+        "tmp/pytest/run-1/project": everything & ~landlock.SPECIAL_FILES,
+    }
+
+
 def test_a_policy_crosses_to_the_runtime_unchanged() -> None:
     for policy in (
         landlock.Policy(("/usr", "/etc/hosts"), ("/workspace",), "/srv/nb", None),
