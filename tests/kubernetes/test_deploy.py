@@ -136,6 +136,24 @@ def test_rbac_is_least_privilege():
                 assert role["metadata"]["name"] == "jupyter-sandbox-operator", role
 
 
+def test_only_labelled_namespaces_may_reach_the_router():
+    """#32: the router has a NetworkPolicy of its own, not only the sandboxes."""
+    docs = kustomize_documents()
+    (policy,) = [
+        d
+        for d in docs
+        if d["kind"] == "NetworkPolicy" and d["metadata"]["name"] == "jupyter-sandbox-router"
+    ]
+    spec = policy["spec"]
+    assert spec["podSelector"] == {"matchLabels": {"app": "sandbox-router"}}
+    assert spec["policyTypes"] == ["Ingress"]
+    (rule,) = spec["ingress"]
+    assert rule["from"] == [
+        {"namespaceSelector": {"matchLabels": {"jupyter-sandbox.io/router-access": "true"}}}
+    ]
+    assert rule["ports"] == [{"port": "http", "protocol": "TCP"}]
+
+
 def test_helm_chart_renders_and_passes_dry_run(api_client, tmp_path):
     helm = find_helm()
     if helm is None:
