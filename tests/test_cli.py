@@ -57,6 +57,8 @@ def test_bad_input_is_a_clear_error() -> None:
     # closed by default: no way to authorize callers is an error, not an open router
     result = cli("router", "--resolve=dns")
     assert result.returncode == 2 and "no way to authorize callers" in result.stderr
+    result = cli("router", "--resolve=dns", "--previous-token-secret-file=old")
+    assert result.returncode == 2 and "needs --token-secret-file" in result.stderr
     # runtime tokens name the Sandbox's uid, which only the API resolver knows
     result = cli("router", "--resolve=dns", "--allow-unauthenticated", "--runtime-key-file=k")
     assert result.returncode == 2 and "--runtime-key-file needs --resolve=api" in result.stderr

@@ -60,6 +60,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="secret for scoped sandbox tokens (or --hub-api-url, or both)",
     )
     parser.add_argument(
+        "--previous-token-secret-file",
+        default=os.environ.get("ROUTER_PREVIOUS_TOKEN_SECRET_FILE") or None,
+        help="while rotating the token secret: tokens made with this one are accepted "
+        "too (none are issued with it)",
+    )
+    parser.add_argument(
         "--allow-unauthenticated",
         action="store_true",
         default=os.environ.get("ROUTER_ALLOW_UNAUTHENTICATED", "") in ("1", "true", "yes"),
@@ -102,6 +108,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.resolve is None:
         args.resolve = "api" if (args.kubeconfig or _in_cluster()) else "dns"
+    if args.previous_token_secret_file and not args.token_secret_file:
+        parser.error("--previous-token-secret-file needs --token-secret-file")
     if not (args.token_secret_file or args.hub_api_url or args.allow_unauthenticated):
         parser.error(
             "no way to authorize callers: give --token-secret-file "
@@ -149,14 +157,22 @@ async def make_lookup(args: argparse.Namespace) -> tuple[Any, Any]:
     return lookup, None
 
 
-def load_authority(path: str) -> TokenAuthority:
-    """The token authority for the secret in ``path``; exits with the reason if unusable
-    (unreadable, or under 32 bytes: such a secret makes every sandbox's token forgeable)."""
-    try:
-        with open(path, "rb") as handle:
-            return TokenAuthority(handle.read())
-    except (OSError, ValueError) as exc:
-        raise SystemExit(f"jupyter-sandbox router: --token-secret-file {path}: {exc}") from None
+def load_authority(path: str, previous: str | None = None) -> TokenAuthority:
+    """The token authority for the secret in ``path`` (and, while rotating, the one
+    in ``previous``); exits with the reason if unusable (unreadable, or under 32
+    bytes: such a secret makes every sandbox's token forgeable)."""
+    secrets: list[bytes] = []
+    for flag, where in (("--token-secret-file", path), ("--previous-token-secret-file", previous)):
+        if where is None:
+            continue
+        try:
+            with open(where, "rb") as handle:
+                secret = handle.read()
+            TokenAuthority(secret)  # each checked on its own, so the message names it
+        except (OSError, ValueError) as exc:
+            raise SystemExit(f"jupyter-sandbox router: {flag} {where}: {exc}") from None
+        secrets.append(secret)
+    return TokenAuthority(secrets[0], secrets[1:])
 
 
 def load_runtime_key(path: str | None) -> bytes | None:
@@ -170,7 +186,11 @@ def load_runtime_key(path: str | None) -> bytes | None:
 
 
 async def serve(args: argparse.Namespace) -> None:
-    authority = load_authority(args.token_secret_file) if args.token_secret_file else None
+    authority = (
+        load_authority(args.token_secret_file, args.previous_token_secret_file)
+        if args.token_secret_file
+        else None
+    )
 
     lookup, resolver = await make_lookup(args)
     # Listen only once the Sandbox cache is filled: before that every known sandbox

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import secrets
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -48,10 +49,14 @@ VERIFIED_CACHE = 4096
 
 
 class TokenAuthority:
-    def __init__(self, secret: str | bytes) -> None:
+    """Issues tokens with ``secret``; accepts tokens made with it or, while a secret
+    is being rotated, with one of the ``previous`` ones."""
+
+    def __init__(self, secret: str | bytes, previous: Iterable[str | bytes] = ()) -> None:
         # Whitespace around the secret is dropped (a mounted file's newline), as
         # upstream does; what is left must be at least 32 bytes, the HMAC size.
         self._secret = scoped_token.normalize_secret(secret)
+        self._keys = (self._secret, *(scoped_token.normalize_secret(p) for p in previous))
         # token -> (expiry, scope): a token never changes, so its signature is
         # checked once, not on every request it comes with (expiry still is)
         self._verified: dict[str, tuple[float, Scope]] = {}
@@ -99,18 +104,25 @@ class TokenAuthority:
         return scope
 
     def _verify_jwt(self, token: str) -> tuple[float, Scope]:
-        try:
-            claims: dict[str, Any] = jwt.decode(
-                token,
-                self._secret,
-                algorithms=[ALGORITHM],
-                issuer=ISSUER,
-                options={"require": ["exp", "ns", "sbx"]},
-            )
-        except jwt.ExpiredSignatureError:
-            raise TokenRefused(403, "the sandbox token has expired") from None
-        except jwt.InvalidTokenError:
-            raise TokenRefused(403, "the sandbox token is not valid") from None
+        claims: dict[str, Any] | None = None
+        for key in self._keys:
+            try:
+                claims = jwt.decode(
+                    token,
+                    key,
+                    algorithms=[ALGORITHM],
+                    issuer=ISSUER,
+                    options={"require": ["exp", "ns", "sbx"]},
+                )
+                break
+            except jwt.InvalidSignatureError:
+                continue  # perhaps made with a previous secret
+            except jwt.ExpiredSignatureError:
+                raise TokenRefused(403, "the sandbox token has expired") from None
+            except jwt.InvalidTokenError:
+                raise TokenRefused(403, "the sandbox token is not valid") from None
+        if claims is None:
+            raise TokenRefused(403, "the sandbox token is not valid")
         namespace, name = claims["ns"], claims["sbx"]
         if not isinstance(namespace, str) or not isinstance(name, str):
             raise TokenRefused(403, "the sandbox token is not valid")
@@ -120,10 +132,12 @@ class TokenAuthority:
     def _verify_scoped(self, token: str) -> tuple[float, Scope]:
         """Upstream's v1 token.  Refusals answer as for our JWTs (403), where upstream
         answers 401 for a bad or expired token and 403 for another sandbox."""
-        try:
-            claims = scoped_token.verify(self._secret, token, time.time())
-        except scoped_token.Expired:
-            raise TokenRefused(403, "the sandbox token has expired") from None
-        except scoped_token.Malformed:
-            raise TokenRefused(403, "the sandbox token is not valid") from None
-        return float(claims.exp), Scope(namespace=claims.namespace, name=claims.name)
+        for key in self._keys:
+            try:
+                claims = scoped_token.verify(key, token, time.time())
+            except scoped_token.Expired:  # (checked after the signature)
+                raise TokenRefused(403, "the sandbox token has expired") from None
+            except scoped_token.Malformed:
+                continue  # perhaps made with a previous secret
+            return float(claims.exp), Scope(namespace=claims.namespace, name=claims.name)
+        raise TokenRefused(403, "the sandbox token is not valid")
