@@ -32,7 +32,7 @@ import ctypes
 import ctypes.util
 import json
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 # Syscall numbers are the same on every architecture that has Landlock.
 SYS_CREATE_RULESET = 444
@@ -136,6 +136,9 @@ class Policy:
     # TCP ports connect() may reach; None leaves TCP alone (a network namespace
     # of its own and the daemon's egress policy decide there).
     connect_ports: tuple[int, ...] | None = (53, 80, 443)
+    # Directories whose entries may be listed, not read: a source checkout on the
+    # kernel's path (Python's importer lists a path entry to find a package in it).
+    list_only: tuple[str, ...] = ()
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -149,16 +152,19 @@ class Policy:
             read_write=tuple(str(p) for p in data["read_write"]),
             data_only=str(data["data_only"]) if data.get("data_only") else None,
             connect_ports=tuple(int(p) for p in ports) if ports is not None else None,
+            list_only=tuple(str(p) for p in data.get("list_only", ())),
         )
 
     def rules(self, abi: int | None = None) -> Rules:
-        return confinement(
+        rules = confinement(
             read_only=list(self.read_only),
             read_write=list(self.read_write),
             data_only=self.data_only,
             connect_ports=self.connect_ports,
             abi=abi,
         )
+        listed = tuple((p, READ_DIR) for p in self.list_only if os.path.isdir(p))
+        return replace(rules, grants=rules.grants + listed)
 
 
 def confinement(

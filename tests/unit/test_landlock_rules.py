@@ -55,10 +55,22 @@ def test_beneath_a_read_write_place_only_the_directories_beside_the_path_keep_sp
     }
 
 
+def test_a_source_checkout_on_the_path_is_listed_not_read(tmp_path: Path) -> None:
+    """An editable install puts its checkout on the kernel's path; the importer
+    lists it to find the package (the kernel could not import it as an ordinary
+    user, whose checkout is not under the sandbox's /tmp), nothing more."""
+    (tmp_path / "src" / "jupyter_sandbox").mkdir(parents=True)
+    package = str(tmp_path / "src" / "jupyter_sandbox")
+    policy = landlock.Policy((package,), (), list_only=(str(tmp_path / "src"),))
+    grants = dict(policy.rules(abi=6).grants)
+    assert grants[str(tmp_path / "src")] == landlock.READ_DIR
+    assert grants[package] == landlock.READ
+
+
 def test_a_policy_crosses_to_the_runtime_unchanged() -> None:
     for policy in (
         landlock.Policy(("/usr", "/etc/hosts"), ("/workspace",), "/srv/nb", None),
-        landlock.Policy(("/usr",), ("/w", "/dev/shm"), None, (53, 443)),
+        landlock.Policy(("/usr",), ("/w", "/dev/shm"), None, (53, 443), ("/src",)),
     ):
         assert landlock.Policy.from_json(policy.to_json()) == policy
 

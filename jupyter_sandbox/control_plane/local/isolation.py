@@ -397,7 +397,10 @@ def _policy(
     if c.files_dir and c.files_read_only:
         read_only.append(c.files_dir)
     data_only = c.files_dir if c.files_dir and not c.files_read_only else None
-    return landlock.Policy(tuple(read_only), tuple(read_write), data_only, connect_ports)
+    # An editable install puts its checkout on the kernel's path: listed, not read.
+    parent = package_parent()
+    listed = (parent,) if parent else ()
+    return landlock.Policy(tuple(read_only), tuple(read_write), data_only, connect_ports, listed)
 
 
 def _parents(path: str, made: set[str]) -> list[str]:
