@@ -284,6 +284,15 @@ async def test_sandbox_process_killed_recovers_with_workspace(
             claim = (await plane.list_claims({"jupyter-sandbox/kernel-id": kernel_id}))[0]
             os.killpg(claim.resources["pid"], signal.SIGKILL)  # the whole sandbox
 
+            # First the daemon sees it die: a cell sent at once may still reach the
+            # dying kernel (SIGKILL reaches the sandbox's own processes a moment after
+            # bubblewrap's), and on a loaded machine it answered before it died.
+            async def restarted() -> bool:
+                now = (await plane.list_claims({"jupyter-sandbox/kernel-id": kernel_id}))[0]
+                return int(now.resources["restarts"] or 0) >= 1
+
+            await wait_for(restarted, 60, interval=0.5)
+
             async def working() -> bool:
                 try:
                     result = await ws.execute("print(open('survives.txt').read())", timeout=5)
