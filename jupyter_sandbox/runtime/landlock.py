@@ -32,7 +32,7 @@ import ctypes
 import ctypes.util
 import json
 import os
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 
 # Syscall numbers are the same on every architecture that has Landlock.
 SYS_CREATE_RULESET = 444
@@ -64,6 +64,8 @@ SPECIAL_FILES = MAKE_SYM | MAKE_FIFO | MAKE_SOCK | MAKE_CHAR | MAKE_BLOCK
 # Every file-system right an ABI knows (index: ABI version).
 FS_RIGHTS = {1: (1 << 13) - 1, 2: (1 << 14) - 1, 3: (1 << 15) - 1, 5: (1 << 16) - 1}
 READ = EXECUTE | READ_FILE | READ_DIR
+# What a sandbox without a network namespace of its own may connect to: DNS and the web.
+WEB_PORTS = (53, 80, 443)
 CONNECT_TCP = 1 << 1  # handled_access_net, ABI 4 (bind is 1 << 0, left to the sandbox)
 SCOPE_ABSTRACT_UNIX_SOCKET = 1 << 0  # scoped, ABI 6
 SCOPE_SIGNAL = 1 << 1
@@ -135,7 +137,7 @@ class Policy:
     data_only: str | None = None
     # TCP ports connect() may reach; None leaves TCP alone (a network namespace
     # of its own and the daemon's egress policy decide there).
-    connect_ports: tuple[int, ...] | None = (53, 80, 443)
+    connect_ports: tuple[int, ...] | None = WEB_PORTS
     # Directories whose entries may be listed, not read: a source checkout on the
     # kernel's path (Python's importer lists a path entry to find a package in it).
     list_only: tuple[str, ...] = ()
@@ -156,15 +158,14 @@ class Policy:
         )
 
     def rules(self, abi: int | None = None) -> Rules:
-        rules = confinement(
+        return confinement(
             read_only=list(self.read_only),
             read_write=list(self.read_write),
             data_only=self.data_only,
+            list_only=list(self.list_only),
             connect_ports=self.connect_ports,
             abi=abi,
         )
-        listed = tuple((p, READ_DIR) for p in self.list_only if os.path.isdir(p))
-        return replace(rules, grants=rules.grants + listed)
 
 
 def confinement(
@@ -172,15 +173,16 @@ def confinement(
     read_only: list[str],
     read_write: list[str],
     data_only: str | None,
+    list_only: list[str] | None = None,
     devices: str = "/dev",
-    connect_ports: tuple[int, ...] | None = (53, 80, 443),
+    connect_ports: tuple[int, ...] | None = WEB_PORTS,
     abi: int | None = None,
 ) -> Rules:
     """A whole process confined by Landlock, as far as this kernel's ABI goes.
 
     Paths that do not exist are left out. ``data_only`` (the bound notebook
-    directory) is read-write without SPECIAL_FILES. ``connect_ports`` None: TCP
-    is not handled.
+    directory) is read-write without SPECIAL_FILES; ``list_only`` directories may
+    be listed, not read. ``connect_ports`` None: TCP is not handled.
     """
     abi = abi_version() if abi is None else abi
     if abi < 2:
@@ -206,6 +208,7 @@ def confinement(
             grants.append((path, everything))
     if data_only is not None and os.path.isdir(data_only):
         grants.append((data_only, everything & ~SPECIAL_FILES))
+    grants += [(path, READ_DIR) for path in list_only or () if os.path.isdir(path)]
     return Rules(
         handled=everything,
         grants=tuple(grants),

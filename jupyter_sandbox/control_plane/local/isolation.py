@@ -93,7 +93,8 @@ def _landlock_only(why: str) -> Isolation:
     abi = landlock.abi_version()
     if abi < 2:
         return Isolation("none", f"{why}, and this kernel has no Landlock; {NO_BWRAP_HINT}")
-    reach = "TCP only to ports 53, 80, 443" if abi >= 4 else "network NOT confined"
+    ports = ", ".join(map(str, landlock.WEB_PORTS))
+    reach = f"TCP only to ports {ports}" if abi >= 4 else "network NOT confined"
     scope = "; no signals or abstract sockets outside" if abi >= 6 else ""
     return Isolation(
         "landlock",
@@ -372,7 +373,8 @@ def landlock_policy(
     if c.pool_packages:
         read_only.append(check_pool_packages(c.pool_packages, c.state_dir))
     # /dev/shm: POSIX semaphores (multiprocessing, joblib) live there
-    return _policy(read_only, [workspace, runtime_dir, "/dev/shm"], c, connect_ports=(53, 80, 443))
+    read_write = [workspace, runtime_dir, "/dev/shm"]
+    return _policy(read_only, read_write, c, connect_ports=landlock.WEB_PORTS)
 
 
 def landlock_policy_inside(confinement: Confinement = Confinement()) -> landlock.Policy:

@@ -22,6 +22,7 @@ from ...runtime.paths import PACKAGES_DIR
 from . import seccomp_filter
 from .cgroups import SandboxCgroup
 from .host_uid import (
+    HostIdentity,
     IdmappedMount,
     become_sandbox_user_code,
     drop_capabilities,
@@ -122,12 +123,14 @@ def sandbox_env(spec: LaunchSpec, isolation: Isolation) -> dict[str, str]:
 
 @functools.cache
 def landlock_available() -> bool:
-    """Whether sandboxes' bound directories can be kept to data (Landlock ABI 2+)."""
+    """Whether bubblewrap sandboxes get their Landlock layer (ABI 2+), which also
+    keeps a bound notebook directory to data."""
     available = landlock.abi_version() >= 2
     if not available:
         log.warning(
-            "no Landlock (ABI 2+) on this kernel: a sandbox can create links and FIFOs "
-            "in a notebook directory bound from the host"
+            "no Landlock (ABI 2+) on this kernel: sandboxes have no second layer under "
+            "their mounts, and can create links and FIFOs in a notebook directory bound "
+            "from the host"
         )
     return available
 
@@ -244,14 +247,18 @@ class SandboxProcess:
         self._ready_reader = asyncio.create_task(self._read_ready(read_fd))
 
     @property
+    def _host(self) -> HostIdentity | None:
+        """A root daemon's identity for its bubblewrap sandboxes (host_uid.py)."""
+        return self.isolation.host if self.isolation.isolated else None
+
+    @property
     def _userns_fd(self) -> int | None:
-        host = self.isolation.host
-        return host.userns_fd if host is not None and self.isolation.isolated else None
+        return self._host.userns_fd if self._host is not None else None
 
     def _idmapped_dirs(self) -> list[IdmappedMount]:
         """The directories this sandbox writes, shown with their owner as its host uid."""
-        host = self.isolation.host
-        if host is None or not self.isolation.isolated:
+        host = self._host
+        if host is None:
             return []
         spec = self.spec
         dirs = [spec.workspace, spec.runtime_dir]
@@ -310,7 +317,7 @@ class SandboxProcess:
         isolated = self.isolation.isolated
         workspace = WORKSPACE if isolated else str(spec.workspace)
         inner = [
-            *runtime_python(become_sandbox_user=isolated and self._userns_fd is not None),
+            *runtime_python(become_sandbox_user=self._host is not None),
             "--listen-fd",
             str(listen_fd),
             "--workspace",
