@@ -342,6 +342,43 @@ def stop_process(proc: subprocess.Popen[bytes], grace: float = 10) -> None:
         proc.wait()
 
 
+@contextmanager
+def runtime_on_loopback(tmp_path: Path, env: dict[str, str] | None = None) -> Iterator[int]:
+    """A real ``python -m jupyter_sandbox.runtime`` on 127.0.0.1 (as a pod's listens,
+    where kwok's pods run nothing), with ``env`` added to this process's environment;
+    yields its port once it is ready."""
+    port = free_port()
+    ws = tmp_path / "workspace"
+    ws.mkdir(parents=True)
+    log = open(tmp_path / "runtime.log", "wb")
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "jupyter_sandbox.runtime",
+            "--port",
+            str(port),
+            "--ip",
+            "127.0.0.1",
+            "--workspace",
+            str(ws),
+            "--runtime-dir",
+            str(tmp_path / "rt"),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=Path(__file__).resolve().parents[1],
+        env={**os.environ, **(env or {})},
+        start_new_session=True,
+    )
+    try:
+        wait_ready(proc, f"http://127.0.0.1:{port}/readyz", tmp_path / "runtime.log")
+        yield port
+    finally:
+        stop_process(proc, grace=15)
+        log.close()
+
+
 async def apply_pool(name: str, spec: dict[str, Any] | None) -> None:
     """Create or change a pool of the session's daemon, or delete it (``spec`` None)."""
     from jupyter_sandbox.control_plane.local.client import LocalControlPlane

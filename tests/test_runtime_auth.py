@@ -9,10 +9,6 @@ runtime checked nothing, and users can read pod IPs.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -27,7 +23,7 @@ from jupyter_sandbox.router.app import make_router_app
 from jupyter_sandbox.router.settings import RouterContext
 from jupyter_sandbox.router.tokens import Scope, TokenAuthority
 from jupyter_sandbox.router.upstreams import Upstream
-from tests.helpers import free_port
+from tests.helpers import runtime_on_loopback
 
 TOKEN = runtime_auth.token_for(b"k" * 48, "team-a", "box", "0b3c-uid")
 
@@ -35,47 +31,8 @@ TOKEN = runtime_auth.token_for(b"k" * 48, "team-a", "box", "0b3c-uid")
 @pytest.fixture(scope="module")
 def runtime(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     base = tmp_path_factory.mktemp("runtime-auth")
-    (base / "workspace").mkdir()
-    port = free_port()
-    log = open(base / "runtime.log", "wb")
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "jupyter_sandbox.runtime",
-            "--port",
-            str(port),
-            "--ip",
-            "127.0.0.1",
-            "--workspace",
-            str(base / "workspace"),
-            "--runtime-dir",
-            str(base / "kernel"),
-        ],
-        stdout=log,
-        stderr=log,
-        env={**os.environ, "HOME": str(base / "workspace"), runtime_auth.ENV: TOKEN},
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        assert proc.poll() is None, (base / "runtime.log").read_text()
-        assert time.monotonic() < deadline, "the runtime did not answer /readyz"
-        try:
-            import urllib.request
-
-            with urllib.request.urlopen(url + "/readyz", timeout=2) as answer:
-                if json.loads(answer.read())["ready"]:
-                    break
-        except OSError:
-            pass
-        time.sleep(0.2)
-    try:
-        yield url
-    finally:
-        proc.terminate()
-        proc.wait(30)
-        log.close()
+    with runtime_on_loopback(base, env={runtime_auth.ENV: TOKEN}) as port:
+        yield f"http://127.0.0.1:{port}"
 
 
 async def fetch(url: str, headers: dict[str, str] | None = None, **kw: Any) -> Any:

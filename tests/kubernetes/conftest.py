@@ -7,17 +7,13 @@ control plane (``kube_cluster``) and our operator as a subprocess scoped to it.
 
 from __future__ import annotations
 
-import socket
-import subprocess
-import sys
-from collections.abc import AsyncIterator, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.helpers import stop_process, wait_ready
+from tests.helpers import runtime_on_loopback  # noqa: F401 - used by the tests here
 from tests.operator.conftest import (  # noqa: F401 - fixtures are used by name
     CLAIM,
     POOL,
@@ -37,43 +33,6 @@ from tests.operator.conftest import (  # noqa: F401 - fixtures are used by name
 )
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-
-
-@contextmanager
-def runtime_on_loopback(tmp_path: Path) -> Iterator[int]:
-    """A real ``python -m jupyter_sandbox.runtime`` on 127.0.0.1 (where kwok's pods
-    run nothing); yields its port once it is ready."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ws = tmp_path / "workspace"
-    ws.mkdir(parents=True)
-    log = open(tmp_path / "runtime.log", "wb")
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "jupyter_sandbox.runtime",
-            "--port",
-            str(port),
-            "--ip",
-            "127.0.0.1",
-            "--workspace",
-            str(ws),
-            "--runtime-dir",
-            str(tmp_path / "rt"),
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        cwd=REPO_ROOT,
-        start_new_session=True,
-    )
-    try:
-        wait_ready(proc, f"http://127.0.0.1:{port}/readyz", tmp_path / "runtime.log")
-        yield port
-    finally:
-        stop_process(proc, grace=15)
-        log.close()
 
 
 def make_pool(k: Kube, name: str = "pool", replicas: int = 2, **template_spec: Any) -> dict:
