@@ -149,6 +149,11 @@ class ClaimRequest:
     files_dir: str | None = None
     # Only inherited, not asked for: a directory that may not be mounted is skipped.
     files_optional: bool = False
+    # Whose claim this is, and which of their servers made it (Kubernetes: the
+    # claim's annotations). None: the backend's own identity (the hub user it runs
+    # for, or the OS user). A claim service sets both from the caller it verified.
+    user: str | None = None
+    server_name: str | None = None
 
 
 @dataclass
@@ -168,6 +173,9 @@ class ClaimStatus:
     message: str = ""
     endpoint: Endpoint | None = None
     resources: dict[str, Any] = field(default_factory=dict)
+    # Whose claim it is, exactly (Kubernetes: the claim's jupyter-sandbox/user
+    # annotation); "" where the backend does not record it.
+    user: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -10,14 +10,13 @@ from typing import Any
 from tornado import web
 
 from ...router.tokens import Scope, TokenAuthority
-from ..base import ClaimError, ClaimNotFound, ClaimRequest, InvalidRequest, Phase, PoolNotFound
+from ..base import ClaimNotFound, InvalidRequest, PoolNotFound
+from ..http_api import JsonHandler, claim_request_from_json
 from .controller import LocalController
 from .model import NAMESPACE, PoolSpec
 from .paths import listen_socket
 
 log = logging.getLogger(__name__)
-
-MAX_WAIT = 600.0
 
 
 class DaemonContext:
@@ -35,37 +34,13 @@ class DaemonContext:
         self.stop = asyncio.Event()
 
 
-class Handler(web.RequestHandler):
+class Handler(JsonHandler):
     def initialize(self, ctx: DaemonContext) -> None:
         self.ctx = ctx
 
     @property
     def controller(self) -> LocalController:
         return self.ctx.controller
-
-    def body(self) -> dict[str, Any]:
-        try:
-            data = json.loads(self.request.body or b"{}")
-        except ValueError:
-            raise InvalidRequest("request body is not JSON") from None
-        if not isinstance(data, dict):
-            raise InvalidRequest("request body must be a JSON object")
-        return data
-
-    def write_error(self, status_code: int, **kwargs: Any) -> None:
-        exc = kwargs.get("exc_info", (None, None, None))[1]
-        if isinstance(exc, ClaimError):
-            body = exc.to_json()
-        else:
-            body = {"reason": "Error", "message": self._reason, "hint": ""}
-        self.set_header("Content-Type", "application/json")
-        self.finish(json.dumps(body))
-
-    def _handle_request_exception(self, e: BaseException) -> None:
-        if isinstance(e, ClaimError):
-            self.send_error(e.status, exc_info=(type(e), e, e.__traceback__))
-            return
-        super()._handle_request_exception(e)
 
     def claim_json(self, name: str) -> dict[str, Any]:
         claim = self.controller.get_claim(name)
@@ -122,12 +97,7 @@ class PoolHandler(Handler):
 
 class ClaimsHandler(Handler):
     def get(self) -> None:
-        selector = {}
-        for item in self.get_query_arguments("label"):
-            key, sep, value = item.partition("=")
-            if not sep:
-                raise InvalidRequest("label selectors look like key=value")
-            selector[key] = value
+        selector = self.label_selector()
         items = [
             self.claim_json(c.name)
             for c in self.controller.store.claims.values()
@@ -136,31 +106,7 @@ class ClaimsHandler(Handler):
         self.finish({"items": items})
 
     def post(self) -> None:
-        body = self.body()
-        unknown = set(body) - {
-            "pool",
-            "labels",
-            "env",
-            "owner_pid",
-            "name",
-            "orphan_grace",
-            "files_dir",
-            "files_optional",
-        }
-        if unknown:
-            raise InvalidRequest(f"unknown claim fields: {', '.join(sorted(unknown))}")
-        if not isinstance(body.get("pool"), str):
-            raise InvalidRequest("pool is required")
-        request = ClaimRequest(
-            pool=body["pool"],
-            labels=body.get("labels") or {},
-            env=body.get("env") or {},
-            owner_pid=body.get("owner_pid"),
-            name=body.get("name"),
-            orphan_grace=body.get("orphan_grace"),
-            files_dir=body.get("files_dir"),
-            files_optional=body.get("files_optional") is True,
-        )
+        request = claim_request_from_json(self.body())
         claim = self.controller.create_claim(request)
         self.set_status(201)
         self.finish(self.claim_json(claim.name))
@@ -168,18 +114,9 @@ class ClaimsHandler(Handler):
 
 class ClaimHandler(Handler):
     async def get(self, name: str) -> None:
-        wait = self.get_query_argument("wait", None)
+        wait = self.wait_arguments()
         if wait is not None:
-            phases = {Phase(p) for p in wait.split(",") if p in Phase._value2member_map_}
-            if not phases:
-                raise InvalidRequest(f"wait must name phases from {[p.value for p in Phase]}")
-            try:
-                timeout = float(self.get_query_argument("timeout", "60"))
-            except ValueError:
-                raise InvalidRequest("timeout must be a number") from None
-            if not 0 < timeout <= MAX_WAIT:
-                raise InvalidRequest(f"timeout must be in (0, {MAX_WAIT:g}] seconds")
-            await self.controller.wait_for_claim(name, phases, timeout)
+            await self.controller.wait_for_claim(name, *wait)
         self.finish(self.claim_json(name))
 
     def delete(self, name: str) -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
-import json
 import logging
 import os
 import subprocess
@@ -19,21 +18,11 @@ from typing import Any
 from urllib.parse import quote
 
 import psutil
-from tornado import httpclient
 from tornado.simple_httpclient import SimpleAsyncHTTPClient
 
 from ...router.upstreams import UnixSocketResolver, Upstream
-from ..base import (
-    BackendUnavailable,
-    ClaimNotFound,
-    ClaimRequest,
-    ClaimStatus,
-    ClaimTimeout,
-    ControlPlane,
-    Phase,
-    PoolStatus,
-    error_from_json,
-)
+from ..base import BackendUnavailable
+from ..http_client import MAX_ANSWER_BYTES, HttpControlPlane
 from .controller import last_line
 from .paths import socket_path, state_dir
 
@@ -42,8 +31,9 @@ log = logging.getLogger(__name__)
 DAEMON_START_TIMEOUT = 30.0
 
 
-class LocalControlPlane(ControlPlane):
+class LocalControlPlane(HttpControlPlane):
     settles_files_dir = True  # bound at the claim, or refused, or the pool's fallback
+    service = "the local sandbox daemon"
 
     def __init__(
         self,
@@ -61,16 +51,23 @@ class LocalControlPlane(ControlPlane):
         upstream = Upstream(unix_socket=str(self._socket))
         self._resolver.register(upstream)
         self._authority = upstream.authority()
-        self._http: SimpleAsyncHTTPClient | None = None
         self._start_lock = asyncio.Lock()
+        super().__init__()
 
     @property
-    def http(self) -> SimpleAsyncHTTPClient:
-        if self._http is None:
-            self._http = SimpleAsyncHTTPClient(
-                force_instance=True, resolver=self._resolver, max_clients=100
-            )
-        return self._http
+    def base_url(self) -> str:
+        return f"http://{self._authority}"
+
+    def make_http(self) -> SimpleAsyncHTTPClient:
+        return SimpleAsyncHTTPClient(
+            force_instance=True,
+            resolver=self._resolver,
+            max_clients=100,
+            max_body_size=MAX_ANSWER_BYTES,
+        )
+
+    async def before_call(self) -> None:
+        await self.ensure_daemon()
 
     # -- daemon ------------------------------------------------------------
 
@@ -173,117 +170,8 @@ class LocalControlPlane(ControlPlane):
                 return
             await asyncio.sleep(0.05)
 
-    async def _call(
-        self, method: str, path: str, body: Any = None, *, retry: bool = True, timeout: float = 60.0
-    ) -> Any:
-        if retry:
-            await self.ensure_daemon()
-        request = httpclient.HTTPRequest(
-            f"http://{self._authority}{path}",
-            method=method,
-            body=json.dumps(body) if body is not None else (b"" if method == "POST" else None),
-            headers={"Content-Type": "application/json"},
-            request_timeout=timeout + 5,
-            allow_nonstandard_methods=True,
-        )
-        try:
-            response = await self.http.fetch(request, raise_error=False)
-        except OSError as exc:
-            raise BackendUnavailable(f"local sandbox daemon unreachable: {exc}") from None
-        if response.code == 599:
-            raise BackendUnavailable(f"local sandbox daemon unreachable: {response.error}")
-        if response.code == 204:
-            return None
-        try:
-            data = json.loads(response.body or b"null")
-        except ValueError:
-            data = {"message": response.body.decode(errors="replace")}
-        if response.code >= 400:
-            if isinstance(data, dict) and "reason" in data:
-                raise error_from_json(data)
-            if response.code == 404:
-                raise ClaimNotFound(f"{path} not found")
-            raise BackendUnavailable(f"daemon answered {response.code}: {data}")
-        return data
-
-    # -- ControlPlane --------------------------------------------------------
-
-    async def claim(self, request: ClaimRequest) -> ClaimStatus:
-        body: dict[str, Any] = {
-            "pool": request.pool,
-            "labels": request.labels,
-            "env": request.env,
-            "owner_pid": request.owner_pid,
-        }
-        if request.orphan_grace is not None:
-            body["orphan_grace"] = request.orphan_grace
-        if request.name:
-            body["name"] = request.name
-        if request.files_dir:
-            body["files_dir"] = request.files_dir
-            body["files_optional"] = request.files_optional
-        return ClaimStatus.from_json(await self._call("POST", "/api/claims", body))
-
-    async def wait_ready(self, name: str, timeout: float) -> ClaimStatus:
-        deadline = time.monotonic() + timeout
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise ClaimTimeout(f"claim {name} not ready after {timeout:g}s")
-            chunk = min(remaining, 600.0)
-            status = ClaimStatus.from_json(
-                await self._call(
-                    "GET",
-                    f"/api/claims/{quote(name)}?wait=Ready&timeout={chunk:.3f}",
-                    timeout=chunk,
-                )
-            )
-            if status.phase == Phase.READY:
-                return status
-            if status.phase == Phase.FAILED:
-                from ..base import ClaimError
-
-                raise ClaimError(f"claim {name} failed: {status.message}")
-
-    async def suspend(self, name: str) -> ClaimStatus:
-        return ClaimStatus.from_json(await self._call("POST", f"/api/claims/{quote(name)}/suspend"))
-
-    async def resume(self, name: str) -> ClaimStatus:
-        return ClaimStatus.from_json(await self._call("POST", f"/api/claims/{quote(name)}/resume"))
-
-    async def adopt(self, name: str, owner_pid: int) -> ClaimStatus:
-        return ClaimStatus.from_json(
-            await self._call("POST", f"/api/claims/{quote(name)}/adopt", {"owner_pid": owner_pid})
-        )
-
-    async def release(self, name: str) -> None:
-        try:
-            await self._call("DELETE", f"/api/claims/{quote(name)}")
-        except ClaimNotFound:
-            pass
-
-    async def status(self, name: str) -> ClaimStatus | None:
-        try:
-            return ClaimStatus.from_json(await self._call("GET", f"/api/claims/{quote(name)}"))
-        except ClaimNotFound:
-            return None
-
-    async def list_claims(self, labels: dict[str, str] | None = None) -> list[ClaimStatus]:
-        query = "&".join(f"label={quote(k)}%3D{quote(v)}" for k, v in (labels or {}).items())
-        data = await self._call("GET", "/api/claims" + (f"?{query}" if query else ""))
-        return [ClaimStatus.from_json(item) for item in data["items"]]
-
-    async def list_pools(self) -> list[PoolStatus]:
-        data = await self._call("GET", "/api/pools")
-        return [PoolStatus(**item) for item in data["items"]]
-
     async def apply_pool(self, name: str, spec: dict[str, Any]) -> dict[str, Any]:
         return await self._call("PUT", f"/api/pools/{quote(name)}", spec)  # type: ignore[no-any-return]
 
     async def delete_pool(self, name: str) -> None:
         await self._call("DELETE", f"/api/pools/{quote(name)}")
-
-    async def close(self) -> None:
-        if self._http is not None:
-            self._http.close()
-            self._http = None
