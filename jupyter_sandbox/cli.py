@@ -16,9 +16,15 @@ from .kernelspec import FILES_MODES
 MANAGER_CLASS = "jupyter_sandbox.kernel_provisioner.manager.SandboxKernelManager"
 # Subcommands that are programs of their own, with their own options.
 # The extra of pyproject.toml each command's role needs (the rest: "jupyter").
-EXTRA_OF_COMMAND = {"operator": "kubernetes", "router": "kubernetes", "lab": "lab"}
+EXTRA_OF_COMMAND = {
+    "operator": "kubernetes",
+    "router": "kubernetes",
+    "claim-service": "kubernetes",
+    "lab": "lab",
+}
 PASSTHROUGH = {
     "operator": "jupyter_sandbox.operator.__main__",
+    "claim-service": "jupyter_sandbox.claim_service.__main__",
     "router": "jupyter_sandbox.router.__main__",
     "runtime": "jupyter_sandbox.runtime.__main__",
 }
@@ -502,6 +508,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, text in (
         ("operator", "run the Kubernetes operator"),
         ("router", "run the standalone router"),
+        ("claim-service", "run the claim service for JupyterHub users' servers"),
         ("runtime", "run the in-sandbox runtime server"),
     ):
         passthrough = sub.add_parser(name, help=text, add_help=False)

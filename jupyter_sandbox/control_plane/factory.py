@@ -46,6 +46,10 @@ def _create(backend: str, options: dict[str, Any]) -> ControlPlane:
 
         base = options.get("state_dir")
         return LocalControlPlane(Path(base) if base else None)
+    if backend == "kubernetes" and options.get("claim_service_url"):
+        from .service_client import ClaimServiceControlPlane
+
+        return ClaimServiceControlPlane(**options)
     if backend == "kubernetes":
         try:
             from .kubernetes.backend import KubernetesControlPlane

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 from tornado import httpclient
 
 from .base import Endpoint
+
+log = logging.getLogger(__name__)
 
 
 class RuntimeCallError(Exception):
@@ -64,3 +67,18 @@ async def call(
     if not isinstance(answer, dict):
         raise RuntimeCallError(f"runtime {path}: the answer is not a JSON object")
     return answer
+
+
+async def save_kernel_state(
+    endpoint: Endpoint, name: str, *, max_bytes: int, timeout: float
+) -> None:
+    """Have the runtime save its kernel's variables on the workspace volume (before a
+    suspend): the next pod's runtime loads them into its new kernel. A failed save is
+    logged and never blocks the suspend."""
+    body = {"max_bytes": max_bytes, "timeout": timeout}
+    try:
+        result = await call(endpoint, "POST", "api/kernel/state", body, timeout=timeout + 10)
+    except RuntimeCallError as exc:
+        log.warning("claim %s: kernel state not saved: %s", name, exc)
+        return
+    log.info("claim %s: kernel state saved: %s", name, ", ".join(result.get("saved", [])))

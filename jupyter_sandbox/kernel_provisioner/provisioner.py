@@ -25,7 +25,7 @@ from traitlets import Bool, Dict, Enum, Float, Int, List, Unicode
 from ..control_plane.factory import get_control_plane
 from ..kernelspec import FILES_MODES
 from ..utils.background import background
-from ..utils.users import current_user
+from ..utils.users import current_user, label_value
 from .env import filter_env
 from .file_sync import FileSync, FileSyncError, Limits
 from .session import SandboxSession
@@ -126,8 +126,8 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
             plane = await background().run(_plane(self.backend, self.backend_options))
             labels = {
                 LABEL_KERNEL_ID: self.kernel_id or "",
-                LABEL_USER: _label_value(current_user()),
-                LABEL_KERNEL_NAME: _label_value(getattr(km, "kernel_name", "") or ""),
+                LABEL_USER: label_value(current_user()),
+                LABEL_KERNEL_NAME: label_value(getattr(km, "kernel_name", "") or ""),
             }
             server_id = getattr(getattr(km, "parent", None), "server_id", "")
             if server_id:
@@ -245,11 +245,6 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
 
 async def _plane(backend: str, options: dict[str, Any]) -> Any:
     return get_control_plane(backend, **options)
-
-
-def _label_value(value: str) -> str:
-    cleaned = "".join(c if c.isalnum() or c in "-_." else "-" for c in value)[:63].strip("-_.")
-    return cleaned or "unknown"
 
 
 def _copyable(directory: str) -> bool:

@@ -34,9 +34,16 @@ def test_kernelspec_and_server_config() -> None:
         display_name=spec["display_name"],
         backend_options=config["backend_options"],
     )
-    # never the router's secret in a user's pod: the hub token authorizes instead
-    assert "token_secret_file" not in config["backend_options"]
+    # never the router's secret nor Kubernetes credentials in a user's pod: the
+    # hub token authorizes at the claim service and the router instead
+    assert set(config["backend_options"]) == {"claim_service_url", "router_auth"}
     assert config["backend_options"]["router_auth"] == "jupyterhub"
+    service = {
+        d["kind"]: d for d in yaml.safe_load_all((DEPLOY / "claim-service.yaml").read_text())
+    }
+    url = config["backend_options"]["claim_service_url"]
+    assert url.startswith(f"http://{service['Service']['metadata']['name']}.")
+    assert url.endswith(f":{service['Service']['spec']['ports'][0]['port']}")
     name = Path(files["sandbox-kernelspec"]["mountPath"]).parent.name
     server = json.loads(files["sandbox-server-config"]["stringData"])
     assert server["KernelSpecManager"]["allowed_kernelspecs"] == [name]
@@ -66,7 +73,12 @@ def test_rbac_is_namespaced_and_minimal() -> None:
     # no Cluster* grants; the cluster-scoped objects only restrict (admission policy)
     assert set(docs) == {"ServiceAccount", "Role", "RoleBinding", *ADMISSION}
     sa = docs["ServiceAccount"]["metadata"]["name"]
-    assert values()["singleuser"]["serviceAccountName"] == sa
+    # the claim service's account; users' pods get none, and no token
+    service = next(yaml.safe_load_all((DEPLOY / "claim-service.yaml").read_text()))
+    assert service["spec"]["template"]["spec"]["serviceAccountName"] == sa
+    assert values()["singleuser"]["serviceAccountName"] is None
+    kubespawner = values()["hub"]["config"]["KubeSpawner"]
+    assert kubespawner["automount_service_account_token"] is False
     namespace = docs["ServiceAccount"]["metadata"]["namespace"]
     granted = [d for kind, d in docs.items() if kind not in ADMISSION]
     assert {d["metadata"]["namespace"] for d in granted} == {namespace}
@@ -107,7 +119,7 @@ def test_rbac_on_the_api_server(kube_cluster: Any) -> None:
             raise
     try:
         grant(api, namespace)
-        user = f"system:serviceaccount:{namespace}:jupyter-sandbox-singleuser"
+        user = f"system:serviceaccount:{namespace}:jupyter-sandbox-claims"
         authz = client.AuthorizationV1Api(api)
 
         def allowed(verb: str, group: str, resource: str, ns: str = namespace) -> bool:
@@ -145,10 +157,10 @@ def test_rbac_on_the_api_server(kube_cluster: Any) -> None:
 
 @pytest.mark.cluster
 def test_admission_policy_limits_sandbox_patches(kube_cluster: Any, tmp_path: Path) -> None:
-    """RBAC lets the single-user service account patch Sandboxes (suspend and
+    """RBAC lets the claim service's account patch Sandboxes (suspend and
     resume); the admission policy of rbac.yaml keeps that to spec.operatingMode
-    and the resumed-at annotation, so no user can re-point or relabel a Sandbox
-    of another user. Tested as that service account on the real API server."""
+    and the resumed-at annotation, so even a subverted service cannot re-point
+    or relabel a Sandbox. Tested as that service account on the real API server."""
     from kubernetes import client, config
 
     from jupyter_sandbox.agent_sandbox import SANDBOX
@@ -183,7 +195,7 @@ def test_admission_policy_limits_sandbox_patches(kube_cluster: Any, tmp_path: Pa
         kubeconfig = sa_kubeconfig(
             api,
             Path(kube_cluster.kubeconfig),
-            "jupyter-sandbox-singleuser",
+            "jupyter-sandbox-claims",
             tmp_path / "kubeconfig",
             namespace=namespace,
         )
@@ -243,7 +255,7 @@ def test_admission_policy_limits_sandbox_patches(kube_cluster: Any, tmp_path: Pa
         assert sandbox["metadata"]["labels"] == {"jupyter-sandbox/user": "bob"}
         assert "ownerReferences" not in sandbox["metadata"]
     finally:
-        for name in ("jupyter-sandbox-singleuser-sandbox-writes",):
+        for name in ("jupyter-sandbox-claim-service-sandbox-writes",):
             for delete in (
                 adm.delete_validating_admission_policy_binding,
                 adm.delete_validating_admission_policy,

@@ -20,6 +20,13 @@ range, is an ``InvalidRequest`` that names it):
     ``jupyter-sandbox/user=$JUPYTERHUB_USER`` and the router, started with
     ``--hub-api-url``, lets each hub user reach only their own sandboxes; no
     router secret in user pods), or ``none``.
+``claim_service_url``
+    ask this claim service (``jupyter-sandbox claim-service``), showing it
+    ``$JUPYTERHUB_API_TOKEN``, instead of calling the Kubernetes API: the
+    server then holds no Kubernetes credentials and sees only its hub user's
+    claims (``control_plane/service_client.py``; JupyterHub deployments).
+    Only ``router_auth`` (``jupyterhub``) and the ``save_state`` options go
+    with it.
 ``kubeconfig`` / ``context`` / ``in_cluster``
     which API server (default: in-cluster when in a pod, else ``$KUBECONFIG`` or
     ``~/.kube/config``).
@@ -104,8 +111,7 @@ from ..base import (
     PoolNotFound,
     PoolStatus,
 )
-from ..runtime_client import RuntimeCallError
-from ..runtime_client import call as runtime_call
+from ..runtime_client import save_kernel_state
 from .options import parse_options
 
 log = logging.getLogger(__name__)
@@ -179,6 +185,8 @@ class KubernetesControlPlane(ControlPlane):
     def __init__(self, **options: Any) -> None:
         """``options``: those of the module docstring; see ``options.parse_options``."""
         o = parse_options(options)
+        if o["claim_service_url"]:
+            raise InvalidRequest("claim_service_url is the claim service client's option")
         self._namespace_option = o["namespace"]
         self.router_url = (o["router_url"] or "").rstrip("/") or None
         self.kubeconfig = os.path.expanduser(o["kubeconfig"]) if o["kubeconfig"] else None
@@ -330,9 +338,11 @@ class KubernetesControlPlane(ControlPlane):
             OWNER_HOST_ANNOTATION: self._host,
             # Whose sandbox this is: the router (hub mode) admits only them, and a
             # template with a user volume mounts their volume.
-            CLAIM_USER_ANNOTATION: self.hub_user or current_user(),
+            CLAIM_USER_ANNOTATION: request.user or self.hub_user or current_user(),
         }
-        server_name = os.environ.get("JUPYTERHUB_SERVER_NAME")
+        server_name = request.server_name
+        if server_name is None:
+            server_name = os.environ.get("JUPYTERHUB_SERVER_NAME")
         if server_name:
             annotations[CLAIM_SERVER_ANNOTATION] = server_name
         if request.files_dir:
@@ -510,15 +520,9 @@ class KubernetesControlPlane(ControlPlane):
             return
         if status is None or status.endpoint is None or status.phase != Phase.READY:
             return
-        body = {"max_bytes": self.state_max_bytes, "timeout": self.state_timeout}
-        try:
-            result = await runtime_call(
-                status.endpoint, "POST", "api/kernel/state", body, timeout=self.state_timeout + 10
-            )
-        except RuntimeCallError as exc:
-            log.warning("claim %s: kernel state not saved: %s", name, exc)
-            return
-        log.info("claim %s: kernel state saved: %s", name, ", ".join(result.get("saved", [])))
+        await save_kernel_state(
+            status.endpoint, name, max_bytes=self.state_max_bytes, timeout=self.state_timeout
+        )
 
     async def resume(self, name: str) -> ClaimStatus:
         return await self._patch_sandbox(
@@ -701,6 +705,7 @@ class KubernetesControlPlane(ControlPlane):
             message=message,
             endpoint=self._endpoint(claim, sandbox, ns, sb_name),
             resources=resources,
+            user=(md.get("annotations") or {}).get(CLAIM_USER_ANNOTATION, ""),
         )
 
     def router_token(self, status: ClaimStatus) -> str | None:

@@ -70,6 +70,7 @@ def _router_auth(name: str, value: Any) -> str | None:
 # name -> (converter, default); the defaults are those of an option left out
 OPTIONS: dict[str, tuple[Callable[[str, Any], Any], Any]] = {
     "namespace": (_text, None),
+    "claim_service_url": (_text, None),
     "router_url": (_text, None),
     "router_auth": (_router_auth, None),
     "token_secret_file": (_text, None),
