@@ -99,8 +99,12 @@ def make_plane(args: argparse.Namespace) -> KubernetesControlPlane:
 async def serve(args: argparse.Namespace) -> None:
     try:
         plane = make_plane(args)
-        await plane.list_pools()
     except ClaimError as exc:
+        raise SystemExit(f"jupyter-sandbox claim-service: {exc}") from None
+    try:
+        await plane.list_pools()  # the credentials and the Role, checked before serving
+    except ClaimError as exc:
+        await plane.close()
         raise SystemExit(f"jupyter-sandbox claim-service: {exc}") from None
     limits = Limits(args.max_claims_per_user, args.cold_starts_per_minute)
     ctx = ServiceContext(plane, HubIdentity(args.hub_api_url), UserLimits(limits))

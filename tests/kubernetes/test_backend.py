@@ -158,6 +158,41 @@ async def test_unknown_pool_is_a_clear_error(kube, warm_pool, plane):
     assert kube.list(CLAIM) == []
 
 
+async def test_the_namespace_of_the_credentials_from_the_first_call(
+    kube, warm_pool, kube_cluster, tmp_path: Path
+):
+    """Without a namespace option the plane works in its credentials' namespace (a
+    pod's own, or the kubeconfig context's), from its very first call: a claim
+    service whose first call was a listing once listed namespace "default"."""
+    cfg = yaml.safe_load(Path(kube_cluster.kubeconfig).read_text())
+    cfg["contexts"][0]["context"]["namespace"] = kube.ns
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump(cfg))
+    for first in ("list_pools", "list_claims", "status"):
+        plane = KubernetesControlPlane(kubeconfig=str(kubeconfig))
+        try:
+            if first == "list_pools":
+                assert [p.name for p in await plane.list_pools()] == ["pool"]
+            elif first == "list_claims":
+                assert await plane.list_claims() == []
+                assert plane.namespace == kube.ns
+            else:
+                claim = kube.create(CLAIM, _claim("mine"))
+                status = await plane.status(claim["metadata"]["name"])
+                assert status is not None and status.namespace == kube.ns
+        finally:
+            await plane.close()
+
+
+def _claim(name: str) -> dict:
+    return {
+        "apiVersion": "extensions.agents.x-k8s.io/v1beta1",
+        "kind": "SandboxClaim",
+        "metadata": {"name": name},
+        "spec": {"warmPoolRef": {"name": "pool"}},
+    }
+
+
 async def test_unreachable_api_server(tmp_path: Path, kube_cluster):
     cfg = yaml.safe_load(Path(kube_cluster.kubeconfig).read_text())
     cfg["clusters"][0]["cluster"]["server"] = "https://127.0.0.1:1"

@@ -485,3 +485,153 @@ def test_sdk_local_tunnel_to_deployed_router(kube_node_cluster, deployed, tmp_pa
         wait_for(lambda: deployed["kube"].get(CLAIM, name) is None, 60, what="claim deleted")
     finally:
         client.close()
+
+
+def claim_service_documents(images: dict[str, str], hub_url: str, router_url: str) -> list[dict]:
+    """deploy/jupyterhub's rbac.yaml and claim-service.yaml, moved from the recipe's
+    namespace to the sandboxes', with the hub and router URLs of this node."""
+    docs = []
+    for name in ("rbac.yaml", "claim-service.yaml"):
+        for doc in yaml.safe_load_all((DEPLOY / "jupyterhub" / name).read_text()):
+            if not doc:
+                continue
+            doc = _override_images(doc, images)
+            if doc["metadata"].get("namespace") == "jhub":
+                doc["metadata"]["namespace"] = SANDBOX_NS
+            for subject in doc.get("subjects") or []:
+                subject["namespace"] = SANDBOX_NS
+            if doc["kind"] == "Deployment":
+                env = doc["spec"]["template"]["spec"]["containers"][0]["env"]
+                urls = {
+                    "CLAIM_SERVICE_HUB_API_URL": hub_url,
+                    "CLAIM_SERVICE_ROUTER_URL": router_url,
+                }
+                for var in env:
+                    var["value"] = urls.get(var["name"], var.get("value"))
+            docs.append(doc)
+    return docs
+
+
+async def test_hub_users_through_the_deployed_claim_service(
+    kube_node_cluster, deployed, hub, tmp_path, monkeypatch
+):
+    """The z2jh recipe on real pods: the claim service as deploy/jupyterhub
+    deploys it, and alice's kernel (the recipe's kernelspec: no Kubernetes
+    credentials, her hub token) runs, keeps a variable and a file across a
+    suspend and resume in a new pod, and is gone at shutdown; bob, with his own
+    token, can neither see, suspend nor delete her claim, nor reach her sandbox."""
+    from jupyter_client.kernelspec import KernelSpecManager
+    from jupyter_client.manager import AsyncKernelManager
+    from kubernetes import client
+
+    from jupyter_sandbox.control_plane.base import ClaimNotFound
+    from jupyter_sandbox.control_plane.factory import _create
+
+    api, core, apps, kube = deployed["api"], deployed["core"], deployed["apps"], deployed["kube"]
+    router_url = f"http://{_router_pod_ip(core)}:8080"
+    images = {"jupyter-sandbox-operator": kube_node_cluster.operator_image}
+    hub_url = hub_url_for_pods(hub, kube_node_cluster.node.node_ip)
+    docs = claim_service_documents(images, hub_url, router_url)
+    adm = client.AdmissionregistrationV1Api(api)
+    try:
+        server_side_apply(api, docs)
+
+        def available():
+            d = apps.read_namespaced_deployment("jupyter-sandbox-claims", SANDBOX_NS)
+            return (d.status.available_replicas or 0) == 1 and d
+
+        selector = "app.kubernetes.io/name=jupyter-sandbox-claims"
+        try:
+            wait_for(available, 180, 0.5, "the claim service Available")
+        except AssertionError as exc:
+            logs = [
+                core.read_namespaced_pod_log(
+                    p.metadata.name,
+                    SANDBOX_NS,
+                    previous=bool(p.status.container_statuses)
+                    and bool(p.status.container_statuses[0].restart_count),
+                )[-2000:]
+                for p in core.list_namespaced_pod(SANDBOX_NS, label_selector=selector).items
+            ]
+            raise AssertionError(f"{exc}; its logs: {logs}") from None
+        pods = core.list_namespaced_pod(SANDBOX_NS, label_selector=selector).items
+        (pod,) = [p for p in pods if pod_ready(p)]
+        service_url = f"http://{pod.status.pod_ip}:8090"
+
+        # alice's single-user server: the recipe's kernelspec, pointed at this service
+        values = yaml.safe_load((DEPLOY / "jupyterhub" / "values.yaml").read_text())
+        files = values["singleuser"]["extraFiles"]
+        spec = json.loads(files["sandbox-kernelspec"]["stringData"])
+        config = spec["metadata"]["kernel_provisioner"]["config"]
+        config["backend_options"]["claim_service_url"] = service_url
+        kdir = tmp_path / "kernels" / "sandbox-python"
+        kdir.mkdir(parents=True)
+        (kdir / "kernel.json").write_text(json.dumps(spec))
+        monkeypatch.setenv("JUPYTERHUB_USER", "alice")
+        monkeypatch.setenv("JUPYTERHUB_API_TOKEN", hub.tokens["alice"])
+        monkeypatch.setenv("KUBECONFIG", str(tmp_path / "none"))  # no credentials here
+
+        async def execute(kc, code: str) -> dict:
+            msg_id = kc.execute(code)
+            reply = await kc.get_shell_msg(timeout=120)
+            assert reply["content"]["status"] == "ok", reply["content"]
+            while True:
+                msg = await kc.get_iopub_msg(timeout=120)
+                if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == (
+                    "execute_result"
+                ):
+                    return msg["content"]["data"]
+
+        ksm = KernelSpecManager(kernel_dirs=[str(tmp_path / "kernels")])
+        km = AsyncKernelManager(kernel_name="sandbox-python", kernel_spec_manager=ksm)
+        await km.start_kernel()
+        kc = km.client()
+        kc.start_channels()
+        bob = None
+        try:
+            await kc.wait_for_ready(timeout=120)
+            (claim,) = kube.list(CLAIM)
+            assert claim["metadata"]["annotations"]["jupyter-sandbox/user"] == "alice"
+            name, sandbox = claim["metadata"]["name"], claim["status"]["sandbox"]["name"]
+            data = await execute(
+                kc, "x = 41 + 1; open('/workspace/hub.txt', 'w').write('alice'); x"
+            )
+            assert data["text/plain"] == "42"
+
+            # bob, from his own server: nothing of alice's by any verb or route
+            monkeypatch.setenv("JUPYTERHUB_USER", "bob")
+            monkeypatch.setenv("JUPYTERHUB_API_TOKEN", hub.tokens["bob"])
+            bob = _create("kubernetes", dict(config["backend_options"]))
+            assert await bob.list_claims() == []
+            assert await bob.status(name) is None
+            for attempt in (bob.suspend, bob.resume):
+                with pytest.raises(ClaimNotFound):
+                    await attempt(name)
+            await bob.release(name)
+            assert kube.get(CLAIM, name) is not None
+            assert _router_status(router_url, sandbox, hub.tokens["bob"]) == 403
+
+            # the culler's suspend: state saved through the router, the pod goes
+            pod = sandbox_pod(kube, sandbox)
+            await km.provisioner.suspend()
+            wait_for(lambda: sandbox_pod(kube, sandbox) is None, 120, what="pod deleted")
+            await km.provisioner.resume()
+            data = await execute(kc, "(x, open('/workspace/hub.txt').read())")
+            assert data["text/plain"] == "(42, 'alice')"
+            new = sandbox_pod(kube, sandbox)
+            assert new is not None and new.metadata.uid != pod.metadata.uid
+        finally:
+            kc.stop_channels()
+            await km.shutdown_kernel(now=True)
+            if bob is not None:
+                await bob.close()
+        wait_for(lambda: kube.get(CLAIM, name) is None, 60, what="claim deleted")
+    finally:
+        for doc in docs:
+            if doc["kind"] == "ValidatingAdmissionPolicyBinding":
+                _delete_quietly(
+                    adm.delete_validating_admission_policy_binding, doc["metadata"]["name"]
+                )
+            elif doc["kind"] == "ValidatingAdmissionPolicy":
+                _delete_quietly(adm.delete_validating_admission_policy, doc["metadata"]["name"])
+        _delete_quietly(apps.delete_namespaced_deployment, "jupyter-sandbox-claims", SANDBOX_NS)

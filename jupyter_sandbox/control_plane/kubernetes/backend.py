@@ -269,12 +269,14 @@ class KubernetesControlPlane(ControlPlane):
     def namespace(self) -> str:
         return self._namespace_option or self._kube_namespace
 
-    async def _api(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        """One client call, errors mapped to ClaimErrors (ApiErrors that are not
-        a ClaimError, such as a 404 or a 409, are left to the caller)."""
+    async def _api(self, method: str, res: Resource, *args: Any, **kwargs: Any) -> Any:
+        """One client call on ``res`` in this plane's namespace, errors mapped to
+        ClaimErrors (ApiErrors that are not a ClaimError, such as a 404 or a 409,
+        are left to the caller)."""
         kube = await self._client()
+        # Only now is the namespace known when it comes from the credentials (a pod's).
         try:
-            return await getattr(kube, method)(*args, **kwargs)
+            return await getattr(kube, method)(res, self.namespace, *args, **kwargs)
         except Unreachable as exc:
             raise self._unreachable(exc) from None
         except ApiError as exc:
@@ -306,7 +308,7 @@ class KubernetesControlPlane(ControlPlane):
 
     async def _get(self, res: Resource, name: str) -> dict[str, Any] | None:
         try:
-            return await self._api("get", res, self.namespace, name)  # type: ignore[no-any-return]
+            return await self._api("get", res, name)  # type: ignore[no-any-return]
         except ApiError as exc:
             if exc.not_found:
                 return None
@@ -366,7 +368,7 @@ class KubernetesControlPlane(ControlPlane):
         name = request.name or f"kernel-{uuid.uuid4().hex[:12]}"
         body = self._claim_body(request, name)
         try:
-            created = await self._api("create", CLAIM, self.namespace, body)
+            created = await self._api("create", CLAIM, body)
         except BackendUnavailable:
             # The create may have gone through with the answer lost: never leak it.
             await self._release_quietly(name)
@@ -496,7 +498,7 @@ class KubernetesControlPlane(ControlPlane):
     async def _patch_sandbox(self, name: str, body: dict[str, Any]) -> ClaimStatus:
         claim, sb = await self._bound(name)
         try:
-            sandbox = await self._api("patch", SANDBOX, self.namespace, sb, body)
+            sandbox = await self._api("patch", SANDBOX, sb, body)
         except ApiError as exc:
             if exc.not_found:
                 raise ClaimNotFound(f"sandbox {sb} of claim {name} does not exist") from None
@@ -537,7 +539,7 @@ class KubernetesControlPlane(ControlPlane):
 
     async def release(self, name: str) -> None:
         try:
-            await self._api("delete", CLAIM, self.namespace, name, propagation="Background")
+            await self._api("delete", CLAIM, name, propagation="Background")
         except ApiError as exc:
             if exc.not_found:
                 return
@@ -554,7 +556,7 @@ class KubernetesControlPlane(ControlPlane):
     async def list_claims(self, labels: dict[str, str] | None = None) -> list[ClaimStatus]:
         selector = ",".join(f"{k}={v}" for k, v in sorted((labels or {}).items()))
         try:
-            claims = await self._api("list", CLAIM, self.namespace, labelSelector=selector or None)
+            claims = await self._api("list", CLAIM, labelSelector=selector or None)
         except ApiError as exc:
             raise ClaimError(f"listing claims: {exc}") from None
         items = claims.get("items") or []
@@ -565,7 +567,7 @@ class KubernetesControlPlane(ControlPlane):
                 found = await asyncio.gather(*(self._get(SANDBOX, n) for n in wanted))  # type: ignore[arg-type]
                 by_name = {s["metadata"]["name"]: s for s in found if s}
             else:
-                sbs = await self._api("list", SANDBOX, self.namespace)
+                sbs = await self._api("list", SANDBOX)
                 by_name = {s["metadata"]["name"]: s for s in sbs.get("items") or []}
         return [self._status(c, by_name.get(sandbox_name_of(c) or "")) for c in items]
 
@@ -592,7 +594,7 @@ class KubernetesControlPlane(ControlPlane):
 
     async def list_pools(self) -> list[PoolStatus]:
         try:
-            pools = await self._api("list", WARMPOOL, self.namespace)
+            pools = await self._api("list", WARMPOOL)
         except ApiError as exc:
             raise ClaimError(f"listing pools: {exc}") from None
         result = []
