@@ -214,7 +214,7 @@ def cmd_pool(args: argparse.Namespace) -> int:
                 _print(pools, args.json, _pool_table)
             elif args.pool_cmd == "create":
                 spec: dict[str, Any] = {"replicas": args.replicas, "network": not args.no_network}
-                for option in ("memory_mb", "max_processes", "cpus", "tmp_mb"):
+                for option in ("memory_mb", "max_processes", "cpus", "tmp_mb", "disk_mb"):
                     if getattr(args, option) is not None:
                         spec[option] = getattr(args, option)
                 if args.display_name:
@@ -453,6 +453,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     create.add_argument("--cpus", type=float, help="CPU quota in cores (a cgroup)")
     create.add_argument("--tmp-mb", type=int, help="size of the private /tmp (default 1024)")
+    create.add_argument(
+        "--disk-mb",
+        type=int,
+        help="what a workspace may hold; the daemon measures it, and a claim over it "
+        "says so in JupyterLab (default 10240; 0: no limit)",
+    )
     create.add_argument("--display-name", help="the kernel's name in JupyterLab's launcher")
     create.add_argument(
         "--files",

@@ -36,6 +36,7 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ["JUPYTER_SANDBOX_ORPHAN_GRACE"] = "1"
     os.environ["JUPYTER_SANDBOX_DEFAULT_REPLICAS"] = "2"
     os.environ["JUPYTER_SANDBOX_IDLE_TIMEOUT"] = "0"
+    os.environ["JUPYTER_SANDBOX_DISK_CHECK_SECONDS"] = "1"
     os.environ["JUPYTER_RUNTIME_DIR"] = str(ROOT / "runtime")
     os.environ["JUPYTER_PATH"] = os.pathsep.join(
         [str(DATA), *filter(None, [os.environ.get("JUPYTER_PATH")])]

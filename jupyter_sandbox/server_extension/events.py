@@ -31,7 +31,7 @@ from typing import Any
 
 from tornado import iostream
 
-from ..control_plane.base import ClaimError
+from ..control_plane.base import ClaimError, ClaimStatus
 from ..control_plane.factory import get_control_plane
 from ..kernel_provisioner.provisioner import SandboxProvisioner
 from ..utils.background import background
@@ -95,6 +95,7 @@ class EventHub:
         self._tasks: list[asyncio.Task[None]] = []
         self._background: set[asyncio.Future[None]] = set()
         self._pool_refresh: asyncio.TimerHandle | None = None
+        self._local_claims: dict[str, ClaimStatus] = {}
         self._daemon_stream: iostream.IOStream | None = None
         self._local_pools: list[dict[str, Any]] = []
         self._kubernetes_pools: list[dict[str, Any]] = []
@@ -173,7 +174,12 @@ class EventHub:
             kernel = km.get_kernel(kernel_id)
             provisioner = getattr(kernel, "provisioner", None)
             if isinstance(provisioner, SandboxProvisioner):
-                items.append(kernel_entry(kernel_id, kernel, provisioner))
+                entry = kernel_entry(kernel_id, kernel, provisioner)
+                fresh = self._local_claims.get(entry["sandbox"].get("claim") or "")
+                if provisioner.backend == "local" and fresh is not None:
+                    entry["sandbox"]["resources"] = fresh.resources
+                    entry["sandbox"]["message"] = fresh.message
+                items.append(entry)
         return items
 
     def starting(self) -> list[dict[str, Any]]:
@@ -285,6 +291,11 @@ class EventHub:
         else:
             self._local_pools = pools
             self.snapshot["daemon"] = {"running": True, "message": ""}
+            try:
+                # What the daemon says of each claim now (a disk over its limit, say)
+                self._local_claims = {c.name: c for c in await plane.list_claims()}
+            except Exception:
+                log.debug("listing claims failed", exc_info=True)
         self.snapshot["pools"] = self._local_pools + self._kubernetes_pools
         self.refresh_kernels()
 

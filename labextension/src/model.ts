@@ -26,6 +26,8 @@ export interface ISandboxDescription {
   kernel?: Record<string, unknown>;
   created?: number | null;
   resources?: Record<string, unknown>;
+  /** What the backend says of the claim now (e.g. a workspace over its disk limit). */
+  message?: string | null;
   /** Copy mode only: the notebook's directory copied in, and the last copy back. */
   files?: ICopiedFiles | null;
 }
@@ -314,6 +316,7 @@ const RESOURCE_LABELS: Record<string, string> = {
   cpu_seconds: 'CPU time limit',
   restarts: 'Restarts',
   files_dir: 'Notebook files',
+  disk: 'Workspace disk',
   pod: 'Pod',
   node: 'Node',
   podIPs: 'Pod IPs',
@@ -352,6 +355,17 @@ export function resourceRows(resources: Record<string, unknown>): [string, strin
       case 'files_dir':
         text = value ? `${value}${resources.files_read_only ? ' (read-only)' : ''}` : '';
         break;
+      case 'disk': {
+        const disk = value as IDiskUse | null;
+        if (!disk) {
+          text = '';
+        } else {
+          const used = disk.used_mb === null ? 'not measured yet' : `${disk.used_mb} MB`;
+          const limit = disk.limit_mb === null ? ' (no limit)' : ` of ${disk.limit_mb} MB`;
+          text = `${used}${limit}${disk.over ? ' (over the limit)' : ''}`;
+        }
+        break;
+      }
       default:
         text = Array.isArray(value)
           ? value.join(', ')
@@ -550,4 +564,17 @@ export function usageRows(
     rows.push(['Processes', String(usage.processes)]);
   }
   return rows;
+}
+
+/** The workspace's disk figures (local backend), when the daemon has measured it. */
+export interface IDiskUse {
+  limit_mb: number | null;
+  used_mb: number | null;
+  over: boolean;
+}
+
+/** The workspace's disk use, if the backend reports it. */
+export function diskUse(sandbox: ISandboxDescription | undefined): IDiskUse | null {
+  const disk = sandbox?.resources?.disk as IDiskUse | null | undefined;
+  return disk && typeof disk === 'object' ? disk : null;
 }

@@ -5,6 +5,7 @@ import { Widget } from '@lumino/widgets';
 
 import { SandboxEvents } from './api';
 import {
+  diskUse,
   errorAdvice,
   errorText,
   IKernelEntry,
@@ -171,6 +172,13 @@ export class SandboxStatus extends Widget {
         )
       );
     }
+    const disk = diskUse(sandbox);
+    if (disk?.over) {
+      parts.push(
+        sep(),
+        el('span', { class: 'jp-SandboxStatus-disk jp-SandboxStatus-warning' }, '⚠ disk full')
+      );
+    }
     this.node.append(...parts);
     const lines = [
       `Sandbox pool: ${pool}`,
@@ -182,6 +190,11 @@ export class SandboxStatus extends Widget {
     }
     if (sandbox?.created) {
       lines.push(`Age: ${sandboxAge(sandbox.created)}`);
+    }
+    if (disk?.over) {
+      lines.push(sandbox?.message || 'The workspace is over its disk limit.');
+    } else if (disk?.used_mb !== null && disk?.used_mb !== undefined && disk.limit_mb) {
+      lines.push(`Workspace: ${disk.used_mb} MB of ${disk.limit_mb} MB`);
     }
     this.node.title = lines.join('\n');
   }

@@ -224,6 +224,19 @@ describe('resourceRows', () => {
     ]);
   });
 
+  it('says the workspace disk use, and when it is over the limit', () => {
+    expect(resourceRows({ disk: { limit_mb: 10240, used_mb: 12.5, over: false } })).toEqual([
+      ['Workspace disk', '12.5 MB of 10240 MB']
+    ]);
+    expect(resourceRows({ disk: { limit_mb: 5, used_mb: 8, over: true } })).toEqual([
+      ['Workspace disk', '8 MB of 5 MB (over the limit)']
+    ]);
+    expect(resourceRows({ disk: { limit_mb: null, used_mb: null, over: false } })).toEqual([
+      ['Workspace disk', 'not measured yet (no limit)']
+    ]);
+    expect(resourceRows({ disk: null })).toEqual([]);
+  });
+
   it('says Kubernetes resources in words and leaves out empty ones', () => {
     const rows = resourceRows({
       pod: 'sb-1',

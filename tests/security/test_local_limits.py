@@ -8,8 +8,10 @@ the sandbox must say which.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,6 +27,7 @@ pytestmark = pytest.mark.skipif(not probe().isolated, reason=f"no isolation here
 POOL = "limited"
 MAX_PROCESSES = 50
 TMP_MB = 128
+DISK_MB = 16
 
 FILL_TMP = """
 import os, sys
@@ -46,7 +49,13 @@ def limited(warm_daemon_module: Path) -> Iterator[Sandbox]:
     asyncio.run(
         apply_pool(
             POOL,
-            {"replicas": 0, "max_processes": MAX_PROCESSES, "memory_mb": 768, "tmp_mb": TMP_MB},
+            {
+                "replicas": 0,
+                "max_processes": MAX_PROCESSES,
+                "memory_mb": 768,
+                "tmp_mb": TMP_MB,
+                "disk_mb": DISK_MB,
+            },
         )
     )
     try:
@@ -129,3 +138,58 @@ def test_the_sandbox_says_how_limits_are_enforced(limited: Sandbox) -> None:
 
     text = asyncio.run(detail())
     assert "limits: cgroup" in text or "rlimits only" in text, text
+
+
+def _claim(sb: Sandbox) -> Any:
+    async def status() -> Any:
+        plane = LocalControlPlane()
+        try:
+            assert sb.claim_name is not None
+            return await plane.status(sb.claim_name)
+        finally:
+            await plane.close()
+
+    return asyncio.run(status())
+
+
+def _disk_settles(sb: Sandbox, used: Callable[[float], bool]) -> Any:
+    """The claim once the daemon's measurement (every second in the tests) says
+    the workspace holds an amount for which ``used`` (in MB) is true."""
+    deadline = time.monotonic() + 30
+    while True:
+        status = _claim(sb)
+        disk = status.resources["disk"]
+        if disk["used_mb"] is not None and used(disk["used_mb"]):
+            time.sleep(1.5)  # the claim's message follows at the next reconcile
+            return _claim(sb)
+        assert time.monotonic() < deadline, status
+        time.sleep(0.5)
+
+
+def test_a_workspace_over_its_disk_limit_is_marked(limited: Sandbox) -> None:
+    """The sandbox fills its workspace: the daemon sees it and the claim says so
+    (JupyterLab shows it), counting what is on disk and never following a link
+    the sandbox planted or counting a hard link twice."""
+    run(
+        limited,
+        "import os\n"
+        "with open('/workspace/sparse', 'wb') as f: f.truncate(4 << 30)\n"  # no blocks
+        "os.symlink('/', '/workspace/root')\n"  # the host's / if followed
+        "open('/workspace/half', 'wb').write(os.urandom(10 << 20))\n"
+        "for i in range(20): os.link('/workspace/half', f'/workspace/again{i}')\n",
+    )
+    status = _disk_settles(limited, lambda mb: mb > 9)
+    disk = status.resources["disk"]
+    assert disk["limit_mb"] == DISK_MB and 9 < disk["used_mb"] < DISK_MB, disk
+    assert disk["over"] is False
+    assert "disk limit" not in status.message
+
+    run(limited, "import os; open('/workspace/more', 'wb').write(os.urandom(10 << 20))")
+    status = _disk_settles(limited, lambda mb: mb > DISK_MB)
+    assert status.resources["disk"]["over"] is True
+    assert "over its disk limit" in status.message and "delete files" in status.message
+
+    run(limited, "import os; os.remove('/workspace/more')")
+    status = _disk_settles(limited, lambda mb: mb < DISK_MB)
+    assert status.resources["disk"]["over"] is False
+    assert "disk limit" not in status.message

@@ -542,6 +542,53 @@ def test_a_failed_claim_is_explained(tmp_path: Path) -> None:
         page.screenshot(path=str(shots / "02-what-to-do.png"))
 
 
+def test_a_workspace_over_its_disk_limit_shows_in_the_status_bar(tmp_path: Path) -> None:
+    """The daemon measures the workspace; over the pool's disk_mb the status bar
+    warns, its tooltip says what to do, and the warning goes once files are deleted."""
+    import asyncio
+
+    from playwright.sync_api import expect
+
+    from jupyter_sandbox.kernelspec import install_kernelspec
+
+    from ..conftest import ROOT
+    from ..helpers import apply_pool
+
+    asyncio.run(apply_pool("tinydisk", {"replicas": 0, "disk_mb": 5}))
+    install_kernelspec("tinydisk", prefix=str(ROOT))
+    try:
+        with lab_in_browser(tmp_path) as (lab, page, shots):
+            page.goto(f"{lab.url}/lab?token={lab.token}")
+            section = page.locator(".jp-Launcher-section", has_text="Sandboxed notebooks")
+            section.locator(".jp-LauncherCard", has_text="(sandbox: tinydisk)").click()
+            status = page.locator(".jp-SandboxStatus")
+            expect(status).to_have_attribute("data-sandbox-state", "idle", timeout=TIMEOUT_MS)
+            run_cell(
+                page,
+                "import os; open('/workspace/big', 'wb').write(os.urandom(8 << 20)); print('ok')",
+                "ok",
+            )
+            warning = status.locator(".jp-SandboxStatus-disk")
+            expect(warning).to_have_text("⚠ disk full", timeout=30_000)
+            title = status.get_attribute("title") or ""
+            assert "over its disk limit" in title and "delete files in /workspace" in title, title
+            page.screenshot(path=str(shots / "01-disk-full.png"))
+            run_command(page, "Show Sandbox Details")
+            dialog = page.locator(".jp-Dialog")
+            dialog.locator(".jp-SandboxDetails").wait_for()
+            details = dialog.inner_text()
+            assert re.search(r"Workspace disk\t[\d.]+ MB of 5 MB \(over the limit\)", details), (
+                details
+            )
+            page.screenshot(path=str(shots / "02-details.png"))
+            dialog.locator("button", has_text="Close").click()
+            run_cell(page, "os.remove('/workspace/big'); print('removed')", "removed")
+            expect(warning).to_have_count(0, timeout=30_000)
+            page.screenshot(path=str(shots / "03-room-again.png"))
+    finally:
+        asyncio.run(apply_pool("tinydisk", None))
+
+
 def _shutdown_kernels(lab: Lab) -> None:
     import urllib.request
 

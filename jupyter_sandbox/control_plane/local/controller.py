@@ -32,6 +32,7 @@ from ..base import (
     PoolNotFound,
 )
 from .cgroups import CgroupError, CgroupLimits, SandboxCgroup
+from .disk_usage import Usage, measure
 from .isolation import POOLS_SUBDIR, Isolation, UnsafeMount, check_files_dir
 from .liveness import PERIOD_SECONDS as LIVENESS_PERIOD
 from .liveness import LivenessProbe
@@ -75,6 +76,7 @@ class LocalController:
         isolation: Isolation,
         *,
         orphan_grace: float = 30.0,
+        disk_check_seconds: float = 30.0,
         max_claims: int = 200,
         cgroups: CgroupLimits | None = None,
         limits: str = "",
@@ -83,6 +85,8 @@ class LocalController:
         self.base = base
         self.isolation = isolation
         self.orphan_grace = orphan_grace
+        self.disk_check_seconds = disk_check_seconds
+        self.disk: dict[str, Usage] = {}  # claimed sandboxes' workspaces, last measured
         self.max_claims = max_claims
         self.store = Store(base / "state.json")
         self.processes: dict[str, SandboxProcess] = {}
@@ -267,6 +271,7 @@ class LocalController:
                 "owner_pid": claim.owner_pid,
                 "files_dir": claim.files_dir or None,
                 "files_read_only": bool(sandbox and sandbox.files_read_only),
+                "disk": self.disk_view(sandbox, pool),
             },
         }
 
@@ -342,6 +347,42 @@ class LocalController:
                     log.warning("sandbox %s stopped answering its liveness probe; restarting", name)
                     await proc.stop(grace=0)
 
+    async def watch_disk(self) -> None:
+        """Measure claimed workspaces against their pool's ``disk_mb``; runs beside ``run``.
+
+        A workspace over its limit marks its claim (the message says so, and what
+        to do; ``resources.disk`` carries the figures), which JupyterLab shows.
+        """
+        while True:
+            await asyncio.sleep(self.disk_check_seconds)
+            for sandbox in list(self.store.sandboxes.values()):
+                if not sandbox.owner.startswith("claim/") or sandbox.name not in self.processes:
+                    continue  # the pool's spares hold nothing; a stopped one cannot grow
+                usage = await asyncio.to_thread(measure, sandbox.workspace)
+                pool = self.store.pools.get(sandbox.pool) or PoolSpec(name=sandbox.pool)
+                before = self.disk.get(sandbox.name)
+                self.disk[sandbox.name] = usage
+                over = usage.over(pool.disk_limit_bytes())
+                if before is None or before.over(pool.disk_limit_bytes()) != over:
+                    if over:
+                        log.warning(
+                            "sandbox %s: workspace over its disk limit (%s)",
+                            sandbox.name,
+                            _disk_words(usage, pool),
+                        )
+                    self._touch("sandbox", sandbox.name)
+
+    def disk_view(self, sandbox: Sandbox | None, pool: PoolSpec | None) -> dict[str, Any] | None:
+        if sandbox is None:
+            return None
+        limit = (pool or PoolSpec(name=sandbox.pool)).disk_limit_bytes()
+        usage = self.disk.get(sandbox.name)
+        return {
+            "limit_mb": None if limit is None else limit // (1024 * 1024),
+            "used_mb": None if usage is None else round(usage.bytes / (1024 * 1024), 1),
+            "over": usage is not None and usage.over(limit),
+        }
+
     async def reconcile(self) -> None:
         self._reap_orphaned_claims()
         for claim in list(self.store.claims.values()):
@@ -385,7 +426,7 @@ class LocalController:
             elif sandbox.ready:
                 if claim.phase != Phase.READY:
                     claim.ready_at = time.time()
-                claim.phase, claim.message = Phase.READY, ""
+                claim.phase, claim.message = Phase.READY, self._disk_message(sandbox)
             elif self._gave_up(sandbox.name):
                 # Only after repeated failures: one start that dies (say, on a
                 # machine too busy for the kernel) is retried, not fatal.
@@ -399,6 +440,16 @@ class LocalController:
                 claim.phase = Phase.PENDING
         if (claim.phase, claim.sandbox, claim.message) != before:
             self._touch("claim", claim.name)
+
+    def _disk_message(self, sandbox: Sandbox) -> str:
+        usage = self.disk.get(sandbox.name)
+        pool = self.store.pools.get(sandbox.pool) or PoolSpec(name=sandbox.pool)
+        if usage is None or not usage.over(pool.disk_limit_bytes()):
+            return ""
+        return (
+            f"the workspace is over its disk limit ({_disk_words(usage, pool)}): "
+            "delete files in /workspace, or ask for a pool with a larger disk_mb"
+        )
 
     def _bind_claim(self, claim: Claim) -> None:
         pool = self.store.pools.get(claim.pool)
@@ -747,6 +798,7 @@ class LocalController:
         if sandbox is None:
             return
         self._failures.pop(name, None)
+        self.disk.pop(name, None)
         pool = self.store.pools.get(sandbox.pool)
         keep = bool(pool and pool.keep_workspace and sandbox.owner.startswith("claim/"))
         task = asyncio.create_task(self._remove(sandbox, self.processes.pop(name, None), keep))
@@ -808,6 +860,14 @@ class LocalController:
         self._orphan_since.pop(name, None)
         self._touch("claim", name)
         return claim
+
+
+def _disk_words(usage: Usage, pool: PoolSpec) -> str:
+    used = f"{usage.bytes / (1024 * 1024):.0f} MB"
+    if not usage.complete:
+        used = f"more than {usage.entries - 1} files"
+    limit_mb = (pool.disk_limit_bytes() or 0) // (1024 * 1024)
+    return f"{used} of {limit_mb} MB"
 
 
 def _suspension_message(sandbox: Sandbox, *, stopped: bool) -> str:

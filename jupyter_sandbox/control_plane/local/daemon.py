@@ -93,6 +93,7 @@ async def serve(args: argparse.Namespace) -> int:
         base,
         isolation,
         orphan_grace=args.orphan_grace,
+        disk_check_seconds=args.disk_check_seconds,
         cgroups=cgroups,
         limits=limits,
         pip=host_forwarding(str(base)),
@@ -135,11 +136,13 @@ async def serve(args: argparse.Namespace) -> int:
         loop.add_signal_handler(sig, ctx.stop.set)
     runner = asyncio.create_task(controller.run())
     liveness = asyncio.create_task(controller.probe_liveness())
+    disk_watch = asyncio.create_task(controller.watch_disk())
     idle_task = asyncio.create_task(_idle_watch(controller, ctx.stop, args.idle_timeout))
     await ctx.stop.wait()
     log.info("daemon stopping")
     runner.cancel()
     liveness.cancel()
+    disk_watch.cancel()
     idle_task.cancel()
     api.stop()
     await router.stop()
@@ -313,6 +316,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--idle-timeout",
         type=float,
         default=float(os.environ.get("JUPYTER_SANDBOX_IDLE_TIMEOUT", "3600")),
+    )
+    parser.add_argument(
+        "--disk-check-seconds",
+        type=float,
+        default=float(os.environ.get("JUPYTER_SANDBOX_DISK_CHECK_SECONDS", "30")),
+        help="how often claimed workspaces are measured against their pool's disk_mb",
     )
     parser.add_argument(
         "--detach",

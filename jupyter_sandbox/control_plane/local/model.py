@@ -27,6 +27,8 @@ DEFAULT_TMP_MB = 1024
 DEFAULT_MEMORY_MB = 4096
 # ... and no more processes and threads than this, whether by cgroup or rlimit.
 DEFAULT_MAX_PROCESSES = 1024
+# A workspace may hold this much (the daemon watches it; see disk_usage.py).
+DEFAULT_DISK_MB = 10240
 
 
 def check_name(kind: str, name: Any) -> str:
@@ -76,6 +78,7 @@ class PoolSpec:
     max_processes: int | None = None
     cpus: float | None = None  # CPU quota in cores (a cgroup limit)
     tmp_mb: int | None = None  # size of the private /tmp (default: see tmp_bytes)
+    disk_mb: int | None = None  # what a workspace may hold (default DEFAULT_DISK_MB; 0: none)
     keep_workspace: bool = False
     save_state: bool = True  # keep the kernel's variables across a suspend
     state_max_mb: int = 1024  # ... unless they take more than this
@@ -114,7 +117,14 @@ class PoolSpec:
             or not 0 < spec.state_timeout <= 3600
         ):
             raise InvalidRequest("state_timeout must be a number of seconds from 0 to 3600")
-        for attr in ("memory_mb", "cpu_seconds", "max_processes", "tmp_mb", "state_max_mb"):
+        for attr in (
+            "memory_mb",
+            "cpu_seconds",
+            "max_processes",
+            "tmp_mb",
+            "disk_mb",
+            "state_max_mb",
+        ):
             value = getattr(spec, attr)
             lifts = attr in LIFTABLE and value == 0
             if value is not None and (not isinstance(value, int) or value <= 0) and not lifts:
@@ -156,9 +166,15 @@ class PoolSpec:
             return None
         return self.max_processes or DEFAULT_MAX_PROCESSES
 
+    def disk_limit_bytes(self) -> int | None:
+        """What a workspace may hold: ``disk_mb``, else the default; 0 lifts it."""
+        if self.disk_mb == 0:
+            return None
+        return (self.disk_mb or DEFAULT_DISK_MB) * 1024 * 1024
+
 
 # Limits a pool may lift with 0.
-LIFTABLE = ("memory_mb", "max_processes")
+LIFTABLE = ("memory_mb", "max_processes", "disk_mb")
 
 
 def default_memory_mb() -> int:
