@@ -25,7 +25,7 @@ import {
   SandboxEvents,
   suspendKernel
 } from './api';
-import { ISnapshot, progressText, sandboxSpecInfo } from './model';
+import { diskUse, ISnapshot, progressText, sandboxSpecInfo } from './model';
 import { detailsNode, IActiveKernel, SandboxPanel, SandboxStatus, sandboxIcon } from './widgets';
 import { SandboxDrive, WorkspacePanel } from './workspace';
 
@@ -388,6 +388,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
 
     // -- claim progress and errors, in words -------------------------------
     watchStarts(events, specs);
+    watchDisks(events);
     watchSuspensions(events, sessionPath);
 
     // -- launcher: sandboxed kernels in their own sections ------------------
@@ -486,6 +487,29 @@ function watchStarts(events: SandboxEvents, specs: () => KernelSpec.ISpecModels 
         });
       }
     }
+  });
+}
+
+/** Warn once when a sandbox's workspace goes over its disk limit (local backend). */
+function watchDisks(events: SandboxEvents): void {
+  const over = new Set<string>(); // kernel ids warned about
+  events.changed.connect((_, snapshot: ISnapshot) => {
+    const now = new Set<string>();
+    for (const kernel of snapshot.kernels) {
+      if (!diskUse(kernel.sandbox)?.over) {
+        continue;
+      }
+      now.add(kernel.id);
+      if (!over.has(kernel.id)) {
+        Notification.warning(
+          `Sandbox ${kernel.sandbox.sandbox}: ` +
+            (kernel.sandbox.message || 'the workspace is over its disk limit.'),
+          { autoClose: false }
+        );
+      }
+    }
+    over.clear();
+    now.forEach(id => over.add(id));
   });
 }
 

@@ -572,7 +572,12 @@ def test_a_workspace_over_its_disk_limit_shows_in_the_status_bar(tmp_path: Path)
             expect(warning).to_have_text("⚠ disk full", timeout=30_000)
             title = status.get_attribute("title") or ""
             assert "over its disk limit" in title and "delete files in /workspace" in title, title
+            # ... and said once in a notification that stays until dismissed
+            toast = page.locator(".Toastify__toast", has_text="over its disk limit")
+            toast.wait_for()
             page.screenshot(path=str(shots / "01-disk-full.png"))
+            page.wait_for_timeout(2000)
+            expect(toast).to_have_count(1)
             run_command(page, "Show Sandbox Details")
             dialog = page.locator(".jp-Dialog")
             dialog.locator(".jp-SandboxDetails").wait_for()
