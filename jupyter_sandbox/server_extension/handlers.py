@@ -139,15 +139,17 @@ class KernelActionHandler(SandboxAPIHandler):
     async def post(self, kernel_id: str, action: str) -> None:
         if action not in ACTIONS:
             raise web.HTTPError(400, f"unknown action {action!r}; use one of {', '.join(ACTIONS)}")
+        body: Any = {}
         if self.request.body.strip():
             try:
                 body = json.loads(self.request.body)
             except ValueError:
                 message = "the request body must be empty or a JSON object"
                 raise web.HTTPError(400, message) from None
-            if not isinstance(body, dict) or body:
-                raise web.HTTPError(400, "this action takes no parameters; send {} or nothing")
+        force = self.parameters(action, body)
         provisioner = self.provisioner(kernel_id)
+        if action == "suspend" and not force:
+            self.refuse_if_busy(kernel_id)
         try:
             if action == "suspend":
                 await provisioner.suspend()
@@ -164,6 +166,34 @@ class KernelActionHandler(SandboxAPIHandler):
             if self.hub is not None:
                 self.hub.poke()
         self.finish(json.dumps(self.kernel_model(kernel_id, provisioner), default=str))
+
+    @staticmethod
+    def parameters(action: str, body: Any) -> bool:
+        """``force`` (suspend only, a boolean); nothing else is taken."""
+        if not isinstance(body, dict):
+            raise web.HTTPError(400, "the request body must be empty or a JSON object")
+        allowed = {"force"} if action == "suspend" else set()
+        unknown = sorted(set(body) - allowed)
+        if unknown:
+            takes = "only force (true or false)" if allowed else "no parameters"
+            raise web.HTTPError(400, f"{action} takes {takes}, not {', '.join(unknown)}")
+        force = body.get("force", False)
+        if not isinstance(force, bool):
+            raise web.HTTPError(400, f"force must be true or false, not {force!r}")
+        return force
+
+    def refuse_if_busy(self, kernel_id: str) -> None:
+        """A kernel running a cell is not suspended unless the caller insists: its
+        state cannot be saved until the cell ends, and the cell would be lost."""
+        kernel = self.kernel_manager.get_kernel(kernel_id)
+        if getattr(kernel, "execution_state", None) == "busy":
+            raise web.HTTPError(
+                409,
+                "the kernel is running a cell: suspending now would lose that cell and "
+                "the kernel's variables. Wait until it finishes, interrupt it (Kernel > "
+                "Interrupt), or suspend with force",
+                reason="KernelBusy",
+            )
 
 
 class PoolsHandler(SandboxAPIHandler):

@@ -33,10 +33,17 @@ export async function requestAPI<T>(
   return data as T;
 }
 
-export function suspendKernel(kernelId: string): Promise<IKernelEntry> {
+/** Suspend a kernel's sandbox; a busy kernel is refused (409) unless `force`. */
+export function suspendKernel(kernelId: string, force = false): Promise<IKernelEntry> {
   return requestAPI<IKernelEntry>(`kernels/${encodeURIComponent(kernelId)}/suspend`, {
-    method: 'POST'
+    method: 'POST',
+    body: JSON.stringify(force ? { force: true } : {})
   });
+}
+
+/** The server refused to suspend a kernel that is running a cell. */
+export function isKernelBusy(err: unknown): boolean {
+  return err instanceof ServerConnection.ResponseError && err.response.status === 409;
 }
 
 export function resumeKernel(kernelId: string): Promise<IKernelEntry> {

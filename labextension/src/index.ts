@@ -20,6 +20,7 @@ import { Widget } from '@lumino/widgets';
 
 import {
   copyFilesBack,
+  isKernelBusy,
   kernelDetails,
   resumeKernel,
   SandboxEvents,
@@ -199,9 +200,42 @@ const plugin: JupyterFrontEndPlugin<void> = {
         if (!kernelId) {
           return;
         }
+        const busy = () =>
+          showDialog({
+            title: 'The kernel is running a cell',
+            body:
+              'Suspending now stops that cell: its work and the kernel\'s variables are ' +
+              'lost. Wait until it finishes (or interrupt it) and suspend then, or ' +
+              'suspend anyway.',
+            buttons: [
+              Dialog.cancelButton({ label: 'Keep running' }),
+              Dialog.warnButton({ label: 'Suspend anyway' })
+            ],
+            defaultButton: 0 // Enter keeps the cell running
+          }).then(result => result.button.accept);
+        let force = false;
+        if (activeEntry(args)?.execution_state === 'busy') {
+          if (!(await busy())) {
+            return;
+          }
+          force = true;
+        }
         try {
           suspendedByUser.add(kernelId); // its own toast below; no second one
-          const entry = await suspendKernel(kernelId);
+          let entry;
+          try {
+            entry = await suspendKernel(kernelId, force);
+          } catch (err) {
+            // busy by the time the request arrived: the same choice
+            if (force || !isKernelBusy(err)) {
+              throw err;
+            }
+            if (!(await busy())) {
+              suspendedByUser.delete(kernelId);
+              return;
+            }
+            entry = await suspendKernel(kernelId, true);
+          }
           events.updateKernel(entry);
           Notification.info(
             `Sandbox ${entry.sandbox.sandbox ?? ''} suspended: workspace kept, the next run resumes it.`,

@@ -594,6 +594,32 @@ def test_a_workspace_over_its_disk_limit_shows_in_the_status_bar(tmp_path: Path)
         asyncio.run(apply_pool("tinydisk", None))
 
 
+def test_suspending_a_busy_kernel_asks_first(tmp_path: Path) -> None:
+    """Suspend clicked while a cell runs: JupyterLab asks, and "Keep running" lets
+    the cell finish with its output and the kernel's variables."""
+    from playwright.sync_api import expect
+
+    with lab_in_browser(tmp_path) as (lab, page, shots):
+        status = launch(page, lab)
+        run_cell(page, "kept = 41; print('set')", "set")
+        editor = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Cell .cm-content").last
+        editor.click()
+        page.keyboard.press("Control+a")
+        page.keyboard.type("import time; time.sleep(8); kept += 1; print('finished', kept)")
+        page.keyboard.press("Shift+Enter")
+        expect(status).to_have_attribute("data-sandbox-state", "busy", timeout=30_000)
+        run_command(page, "Suspend Sandbox")
+        dialog = page.locator(".jp-Dialog", has_text="The kernel is running a cell")
+        dialog.wait_for()
+        assert "Suspend anyway" in dialog.inner_text()
+        page.screenshot(path=str(shots / "01-asks.png"))
+        dialog.locator("button", has_text="Keep running").click()
+        page.locator(".jp-OutputArea-output", has_text="finished 42").wait_for(timeout=TIMEOUT_MS)
+        expect(status).to_have_attribute("data-sandbox-state", "idle")
+        assert page.locator(".jp-Notification-Toast-error").count() == 0
+        page.screenshot(path=str(shots / "02-cell-finished.png"))
+
+
 def _shutdown_kernels(lab: Lab) -> None:
     import urllib.request
 

@@ -290,3 +290,50 @@ async def test_cold_start_progress_is_streamed(tmp_path: Path) -> None:
     finally:
         await plane.delete_pool("cold")
         await plane.close()
+
+
+async def test_a_busy_kernel_is_not_suspended_unless_forced(tmp_path: Path) -> None:
+    """Suspending a kernel in the middle of a cell lost the cell and every variable;
+    now the API refuses (409, in words) and the cell finishes with its state kept,
+    unless the caller says ``force``."""
+    with jupyter_server(tmp_path) as server:
+        kernel_id = await start_kernel(server)
+        ws = await KernelSocket(server, kernel_id).connect()
+        path = f"/api/sandbox/kernels/{kernel_id}"
+        try:
+            await ws.execute("kept = 41")
+            running = asyncio.ensure_future(
+                ws.execute("import time; time.sleep(6); kept += 1; print('finished', kept)")
+            )
+
+            async def busy() -> bool:
+                model = await server.request("GET", "/api/sandbox/kernels")
+                return any(k["execution_state"] == "busy" for k in model["kernels"])
+
+            await wait_for(busy, 30, interval=0.1)
+            answer = await server.request("POST", f"{path}/suspend", {})
+            assert answer["reason"] == "KernelBusy", answer
+            assert "running a cell" in answer["message"] and "force" in answer["message"]
+            assert await _status(server, "POST", f"{path}/suspend", {}) == 409
+            result = await running
+            assert "finished 42" in "".join(o["content"].get("text", "") for o in result.outputs)
+            model = await server.request("GET", path, expect=200)
+            assert model["sandbox"]["suspended"] is False
+
+            # idle: suspended as before, and the variable is back after the resume
+            await server.request("POST", f"{path}/suspend", expect=200)
+            back = await ws.execute("print('kept', kept)")
+            assert "kept 42" in "".join(o["content"].get("text", "") for o in back.outputs)
+
+            # force: the caller chose to lose the running cell
+            running = asyncio.ensure_future(ws.execute("import time; time.sleep(60)"))
+            await wait_for(busy, 30, interval=0.1)
+            forced = await server.request("POST", f"{path}/suspend", {"force": True}, expect=200)
+            assert forced["sandbox"]["suspended"] is True
+            running.cancel()
+            for body in ({"force": "yes"}, {"force": True, "now": True}):
+                assert await _status(server, "POST", f"{path}/suspend", body) == 400, body
+            assert await _status(server, "POST", f"{path}/resume", {"force": True}) == 400
+        finally:
+            ws.close()
+            await server.request("DELETE", f"/api/kernels/{kernel_id}", expect=204)
