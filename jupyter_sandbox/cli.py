@@ -306,8 +306,11 @@ def cmd_claims(args: argparse.Namespace) -> int:
                     )
                 await plane.release(args.name)
                 print(f"claim {args.name} released")
-            elif args.claims_cmd in ("suspend", "resume"):
-                status = await getattr(plane, args.claims_cmd)(args.name)
+            elif args.claims_cmd == "suspend":
+                status = await plane.suspend(args.name, force=args.force)
+                print(f"claim {args.name}: {status.phase}")
+            elif args.claims_cmd == "resume":
+                status = await plane.resume(args.name)
                 print(f"claim {args.name}: {status.phase}")
         finally:
             await plane.close()
@@ -499,7 +502,14 @@ def build_parser() -> argparse.ArgumentParser:
         ("suspend", "stop a claim's sandbox, keeping its workspace and variables"),
         ("resume", "start a suspended claim's sandbox again"),
     ):
-        claims_sub.add_parser(action, parents=[as_json], help=text).add_argument("name")
+        action_parser = claims_sub.add_parser(action, parents=[as_json], help=text)
+        action_parser.add_argument("name")
+        if action == "suspend":
+            action_parser.add_argument(
+                "--force",
+                action="store_true",
+                help="even while its kernel runs a cell (that cell and the variables are lost)",
+            )
     claims.set_defaults(func=cmd_claims)
 
     daemon = sub.add_parser("daemon", help="the local sandbox daemon")

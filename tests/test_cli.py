@@ -253,3 +253,39 @@ def test_daemon_stop_leaves_no_warm_workspaces_behind(tmp_path: Path) -> None:
     if limits.probe().enforced:
         prefix = hashlib.sha256(str(tmp_path / "home").encode()).hexdigest()[:8]
         assert [n for n in limits.sandboxes() if n.startswith(prefix)] == []
+
+
+async def test_claims_suspend_refuses_a_busy_kernel_unless_forced(tmp_path: Path) -> None:
+    """The CLI (and the SDK: both ask the daemon) keep a running cell unless told."""
+    import asyncio
+
+    from .helpers import KernelSocket, claims_for, jupyter_server
+
+    with jupyter_server(tmp_path) as server:
+        kernel_id = await start_kernel(server)
+        ws = await KernelSocket(server, kernel_id).connect()
+        try:
+            (claim,) = await claims_for(kernel_id)
+            running = asyncio.ensure_future(
+                ws.execute("import time; time.sleep(8); print('finished')")
+            )
+
+            async def busy() -> bool:
+                model = await server.request("GET", "/api/sandbox/kernels")
+                return any(k["execution_state"] == "busy" for k in model["kernels"])
+
+            await wait_for(busy, 30, interval=0.1)
+            refused = await asyncio.to_thread(cli, "claims", "suspend", claim.name)
+            assert refused.returncode == 2, refused
+            assert "running a cell" in refused.stderr and "force" in refused.stderr
+            result = await running
+            assert "finished" in "".join(o["content"].get("text", "") for o in result.outputs)
+
+            running = asyncio.ensure_future(ws.execute("import time; time.sleep(60)"))
+            await wait_for(busy, 30, interval=0.1)
+            forced = await asyncio.to_thread(cli, "claims", "suspend", "--force", claim.name)
+            assert forced.returncode == 0 and "Suspend" in forced.stdout, forced
+            running.cancel()
+        finally:
+            ws.close()
+            await server.request("DELETE", f"/api/kernels/{kernel_id}", expect=204)

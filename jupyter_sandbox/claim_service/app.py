@@ -177,7 +177,9 @@ class ClaimActionHandler(Handler):
     async def post(self, name: str, action: str) -> None:
         await self.own_claim(name)
         if action == "suspend":
-            status = await self.ctx.plane.suspend(name)
+            # Whether the kernel is busy is the caller's to check (claim_service_url
+            # clients do): the runtime answers the user's server, not this service.
+            status = await self.ctx.plane.suspend(name, force=True)
         else:
             status = await self.ctx.plane.resume(name)
         self.answer(status)

@@ -326,14 +326,18 @@ class AsyncSandbox:
             return "SandboxReady", status.message
         return "SandboxNotReady", f"{status.phase.value}: {status.message}".rstrip(": ")
 
-    async def suspend(self) -> None:
-        """Release the sandbox's compute and keep its workspace (our extension)."""
+    async def suspend(self, *, force: bool = False) -> None:
+        """Release the sandbox's compute and keep its workspace (our extension).
+
+        A kernel running a cell is not suspended (its cell and variables would be
+        lost): SandboxKernelBusyError, unless ``force``.
+        """
         name = self._require_claim()
-        await self._close_kernel()
         try:
-            self.claim_status = await self._plane.suspend(name)
+            self.claim_status = await self._plane.suspend(name, force=force)
         except ClaimError as exc:
             raise from_claim_error(exc) from exc
+        await self._close_kernel()
 
     async def resume(self, timeout: float = 180) -> None:
         """Start a suspended sandbox again and wait until it is ready (a new kernel)."""

@@ -59,6 +59,10 @@ class SandboxPathError(SandboxInvalidRequestError):
     """A file path that leaves the workspace or cannot name a file."""
 
 
+class SandboxKernelBusyError(SandboxError):
+    """``suspend()`` refused: the kernel is running a cell (pass ``force=True`` to lose it)."""
+
+
 class SandboxBackendUnavailableError(SandboxError):
     """The control plane (local daemon, Kubernetes API) could not be reached."""
 
@@ -86,6 +90,7 @@ _BY_REASON: dict[str, type[SandboxError]] = {
     base.QuotaExceeded.reason: SandboxQuotaExceededError,
     base.InvalidRequest.reason: SandboxInvalidRequestError,
     base.BackendUnavailable.reason: SandboxBackendUnavailableError,
+    base.KernelBusy.reason: SandboxKernelBusyError,
 }
 
 

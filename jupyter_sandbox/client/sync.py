@@ -161,9 +161,10 @@ class Sandbox:
     def status(self) -> tuple[str, str]:
         return _run(self._inner.status())
 
-    def suspend(self) -> None:
+    def suspend(self, *, force: bool = False) -> None:
+        """See ``AsyncSandbox.suspend``: a busy kernel is refused unless ``force``."""
+        _run(self._inner.suspend(force=force))
         self._stop_kernel_clients()
-        _run(self._inner.suspend())
 
     def resume(self, timeout: float = 180) -> None:
         _run(self._inner.resume(timeout))

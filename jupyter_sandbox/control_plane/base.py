@@ -69,6 +69,14 @@ class InvalidRequest(ClaimError):
     status = 400
 
 
+class KernelBusy(ClaimError):
+    """The sandbox's kernel is running a cell: suspending it now would lose that
+    cell and the kernel's variables (they cannot be saved until it ends)."""
+
+    reason = "KernelBusy"
+    status = 409
+
+
 class BackendUnavailable(ClaimError):
     reason = "BackendUnavailable"
     status = 503
@@ -83,9 +91,18 @@ ERRORS: dict[str, type[ClaimError]] = {
         ClaimTimeout,
         QuotaExceeded,
         InvalidRequest,
+        KernelBusy,
         BackendUnavailable,
     )
 }
+
+
+def kernel_busy_error(name: str) -> KernelBusy:
+    return KernelBusy(
+        f"the kernel of claim {name} is running a cell: suspending now would lose that "
+        "cell and the kernel's variables",
+        hint="wait until it finishes, interrupt it, or suspend with force",
+    )
 
 
 def error_from_json(body: dict[str, Any]) -> ClaimError:
@@ -224,8 +241,11 @@ class ControlPlane(abc.ABC):
         """Wait until the claim's sandbox is Ready; ClaimTimeout after ``timeout``."""
 
     @abc.abstractmethod
-    async def suspend(self, name: str) -> ClaimStatus:
-        """Stop the sandbox's compute, keep its workspace."""
+    async def suspend(self, name: str, *, force: bool = False) -> ClaimStatus:
+        """Stop the sandbox's compute, keep its workspace.
+
+        A kernel running a cell is refused with KernelBusy unless ``force``.
+        """
 
     @abc.abstractmethod
     async def resume(self, name: str) -> ClaimStatus:

@@ -137,8 +137,10 @@ class HttpControlPlane(ControlPlane):
             if status.phase == Phase.FAILED:
                 raise ClaimError(f"claim {name} failed: {status.message}")
 
-    async def suspend(self, name: str) -> ClaimStatus:
-        return self.status_from_json(await self._call("POST", f"/api/claims/{quote(name)}/suspend"))
+    async def suspend(self, name: str, *, force: bool = False) -> ClaimStatus:
+        body = {"force": True} if force else None
+        path = f"/api/claims/{quote(name)}/suspend"
+        return self.status_from_json(await self._call("POST", path, body))
 
     async def resume(self, name: str) -> ClaimStatus:
         return self.status_from_json(await self._call("POST", f"/api/claims/{quote(name)}/resume"))

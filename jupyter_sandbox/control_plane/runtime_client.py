@@ -69,6 +69,21 @@ async def call(
     return answer
 
 
+async def kernel_busy(endpoint: Endpoint) -> bool:
+    """Whether the runtime's kernel is running a cell now (False if it cannot say)."""
+    try:
+        answer = await call(endpoint, "GET", "api/kernel", timeout=10)
+    except RuntimeCallError:
+        return False
+    return busy_answer(answer)
+
+
+def busy_answer(answer: Any) -> bool:
+    """Whether a runtime's ``GET /api/kernel`` answer says its kernel is running a cell."""
+    kernel = answer.get("kernel") if isinstance(answer, dict) else None
+    return isinstance(kernel, dict) and kernel.get("execution_state") == "busy"
+
+
 async def save_kernel_state(
     endpoint: Endpoint, name: str, *, max_bytes: int, timeout: float
 ) -> None:

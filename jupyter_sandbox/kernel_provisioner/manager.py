@@ -245,9 +245,9 @@ class SandboxKernelManager(AsyncMappingKernelManager):  # type: ignore[misc]
                 return
         await super().shutdown_kernel(kernel_id, now=now, restart=restart)
 
-    async def suspend_kernel(self, kernel_id: str) -> None:
+    async def suspend_kernel(self, kernel_id: str, *, force: bool = False) -> None:
         provisioner = self._require(kernel_id)
-        await provisioner.suspend()
+        await provisioner.suspend(force=force)
 
     async def resume_kernel(self, kernel_id: str) -> None:
         provisioner = self._require(kernel_id)

@@ -214,9 +214,10 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
         report = await background().run(self._session.copy_back())
         return report.to_json()
 
-    async def suspend(self) -> None:
+    async def suspend(self, *, force: bool = False) -> None:
+        """Release the sandbox's compute (KernelBusy while a cell runs, unless ``force``)."""
         if self._session is not None:
-            await background().run(self._session.suspend())
+            await background().run(self._session.suspend(force=force))
 
     async def resume(self) -> None:
         if self._session is not None:

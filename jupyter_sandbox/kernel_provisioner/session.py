@@ -23,8 +23,9 @@ from ..control_plane.base import (
     ControlPlane,
     Endpoint,
     Phase,
+    kernel_busy_error,
 )
-from ..control_plane.runtime_client import RuntimeCallError, call
+from ..control_plane.runtime_client import RuntimeCallError, call, kernel_busy
 from .bridge import Bridge, KernelIdentity
 from .file_sync import FileSync, FileSyncError, SyncReport
 from .runtime_files import RuntimeFileError
@@ -325,14 +326,19 @@ class SandboxSession:
 
     # -- suspend / resume -------------------------------------------------------
 
-    async def suspend(self) -> None:
+    async def suspend(self, *, force: bool = False) -> None:
+        """Release the compute; a kernel running a cell is refused (KernelBusy) unless
+        ``force``, before anything changes here."""
         if self.suspended or self.claim_name is None:
             return
+        if not force and self.endpoint is not None and await kernel_busy(self.endpoint):
+            raise kernel_busy_error(self.claim_name)
         self.progress.set("suspending", "releasing compute, keeping the workspace")
         await self._copy_back_quietly("suspend")
         self.suspended = True
         self.bridge.hold()
-        status = await self.plane.suspend(self.claim_name)
+        # Checked above; the backend must not refuse a cell that started since then.
+        status = await self.plane.suspend(self.claim_name, force=True)
         self._set_status(status)
         self.progress.set("suspended", "workspace kept; the next execution resumes it")
 

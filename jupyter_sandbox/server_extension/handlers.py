@@ -148,18 +148,17 @@ class KernelActionHandler(SandboxAPIHandler):
                 raise web.HTTPError(400, message) from None
         force = self.parameters(action, body)
         provisioner = self.provisioner(kernel_id)
-        if action == "suspend" and not force:
-            self.refuse_if_busy(kernel_id)
         try:
             if action == "suspend":
-                await provisioner.suspend()
+                await provisioner.suspend(force=force)
             elif action == "resume":
                 await provisioner.resume()
             else:
                 # Copy mode: bring the kernel's files back now; the report is in the model.
                 await provisioner.copy_files_back()
         except ClaimError as exc:
-            raise web.HTTPError(exc.status, exc.message, reason=exc.reason) from None
+            # (a busy kernel: KernelBusy, 409, saying what to do)
+            raise web.HTTPError(exc.status, str(exc), reason=exc.reason) from None
         except RuntimeFileError as exc:
             raise http_error(exc) from None
         finally:
@@ -181,19 +180,6 @@ class KernelActionHandler(SandboxAPIHandler):
         if not isinstance(force, bool):
             raise web.HTTPError(400, f"force must be true or false, not {force!r}")
         return force
-
-    def refuse_if_busy(self, kernel_id: str) -> None:
-        """A kernel running a cell is not suspended unless the caller insists: its
-        state cannot be saved until the cell ends, and the cell would be lost."""
-        kernel = self.kernel_manager.get_kernel(kernel_id)
-        if getattr(kernel, "execution_state", None) == "busy":
-            raise web.HTTPError(
-                409,
-                "the kernel is running a cell: suspending now would lose that cell and "
-                "the kernel's variables. Wait until it finishes, interrupt it (Kernel > "
-                "Interrupt), or suspend with force",
-                reason="KernelBusy",
-            )
 
 
 class PoolsHandler(SandboxAPIHandler):

@@ -110,8 +110,9 @@ from ..base import (
     Phase,
     PoolNotFound,
     PoolStatus,
+    kernel_busy_error,
 )
-from ..runtime_client import save_kernel_state
+from ..runtime_client import kernel_busy, save_kernel_state
 from .options import parse_options
 
 log = logging.getLogger(__name__)
@@ -505,7 +506,12 @@ class KubernetesControlPlane(ControlPlane):
             raise ClaimError(f"patching sandbox {sb}: {exc}") from None
         return self._status(claim, sandbox)
 
-    async def suspend(self, name: str) -> ClaimStatus:
+    async def suspend(self, name: str, *, force: bool = False) -> ClaimStatus:
+        if not force:
+            status = await self.status(name)
+            if status is not None and status.endpoint is not None and status.phase == Phase.READY:
+                if await kernel_busy(status.endpoint):
+                    raise kernel_busy_error(name)
         if self.save_state:
             await self._save_kernel_state(name)
         return await self._patch_sandbox(name, {"spec": {"operatingMode": "Suspended"}})

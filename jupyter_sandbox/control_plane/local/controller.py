@@ -31,6 +31,7 @@ from ..base import (
     Phase,
     PoolNotFound,
 )
+from ..runtime_client import busy_answer
 from .cgroups import CgroupError, CgroupLimits, SandboxCgroup
 from .disk_usage import Usage, measure
 from .isolation import POOLS_SUBDIR, Isolation, UnsafeMount, check_files_dir
@@ -214,6 +215,16 @@ class LocalController:
             self._reconcile_claim(claim)
             self._touch("claim", name)
         return claim
+
+    async def kernel_busy(self, name: str) -> bool:
+        """Whether the claim's kernel is running a cell now (False if it cannot say)."""
+        claim = self.get_claim(name)
+        sandbox = self.store.sandboxes.get(claim.sandbox or "")
+        proc = self.processes.get(claim.sandbox or "")
+        if claim.suspended or sandbox is None or not sandbox.ready or proc is None:
+            return False
+        status, body = await self.runtime_calls.call(proc.socket, "GET", "/api/kernel", timeout=10)
+        return status == 200 and busy_answer(body)
 
     def delete_claim(self, name: str) -> bool:
         claim = self.store.claims.pop(name, None)
