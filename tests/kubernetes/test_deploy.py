@@ -176,6 +176,10 @@ def test_helm_chart_renders_and_passes_dry_run(api_client, tmp_path):
             "router.allowedNamespaces={jupyter-sandboxes}",
             "--set",
             "router.hubApiUrl=http://hub.jhub.svc.cluster.local:8081/hub/api",
+            "--set",
+            "claimService.enabled=true",
+            "--set",
+            "claimService.namespace=jupyter-sandboxes",
         ],
         check=True,
         capture_output=True,
@@ -207,5 +211,23 @@ def test_helm_chart_renders_and_passes_dry_run(api_client, tmp_path):
 
     parsed = parse_args([*args, "--kubeconfig=unused"])
     assert parsed.hub_api_url.endswith("/hub/api") and parsed.resolve == "api"
+    # the claim service: in the pools' namespace, the router's hub, and what it runs parses
+    claims = next(
+        d
+        for d in docs
+        if d["metadata"]["name"] == "jupyter-sandbox-claims" and d["kind"] == "Deployment"
+    )
+    assert claims["metadata"]["namespace"] == "jupyter-sandboxes"
+    from jupyter_sandbox.claim_service.__main__ import parse_args as claim_service_args
+
+    container = claims["spec"]["template"]["spec"]["containers"][0]
+    assert container["command"] == ["jupyter-sandbox"] and container["args"][0] == "claim-service"
+    service = claim_service_args(container["args"][1:])
+    assert service.hub_api_url == "http://hub.jhub.svc.cluster.local:8081/hub/api"
+    assert service.router_url == (
+        "http://jupyter-sandbox-router.jupyter-sandbox-system.svc.cluster.local:8080"
+    )
+    assert (service.max_claims_per_user, service.cold_starts_per_minute) == (10, 10.0)
+    assert "ValidatingAdmissionPolicy/jupyter-sandbox-claim-service-sandbox-writes" in names
     applied = dry_run(api_client, docs)
     assert len(applied) == len(docs)
