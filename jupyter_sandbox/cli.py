@@ -56,15 +56,6 @@ def _print(data: Any, as_json: bool, table: Callable[[Any], None]) -> None:
 # -- lab -----------------------------------------------------------------------
 
 
-# Idle kernels are suspended (their variables and files kept), so culling them
-# costs the user little: with tabs open too, after an hour.
-LAB_CULLING = {
-    "cull_idle_timeout": 3600,
-    "cull_interval": 300,
-    "cull_connected": True,
-}
-
-
 def cmd_lab(args: argparse.Namespace) -> int:
     from .kernelspec import install_kernelspec, kernelspec_name
 
@@ -100,26 +91,18 @@ def cmd_lab(args: argparse.Namespace) -> int:
 
     if _run(prepare()) != 0:
         return 2
-    given = " ".join(args.lab_args)
-    culling = [
-        f"--MappingKernelManager.{name}={value}"
-        for name, value in LAB_CULLING.items()
-        if f"MappingKernelManager.{name}" not in given
-    ]
-    if culling:
-        print(
-            "  culling: idle kernels are suspended after "
-            f"{LAB_CULLING['cull_idle_timeout'] // 60} min, open tabs or not; files and "
-            "variables are kept and the next run resumes them "
-            "(change with --MappingKernelManager.cull_idle_timeout=SECONDS, 0 to turn off)"
-        )
+    from .lab_defaults import culling, from_config_files
+
+    # Only what the user set nowhere: a config file's setting is not overridden.
+    added, said = culling(args.lab_args, from_config_files())
+    print(said)
     sys.stdout.flush()
     argv = [
         sys.executable,
         "-m",
         "jupyterlab",
         f"--ServerApp.kernel_manager_class={MANAGER_CLASS}",
-        *culling,
+        *added,
         *args.lab_args,
     ]
     os.execv(sys.executable, argv)

@@ -289,3 +289,60 @@ async def test_claims_suspend_refuses_a_busy_kernel_unless_forced(tmp_path: Path
         finally:
             ws.close()
             await server.request("DELETE", f"/api/kernels/{kernel_id}", expect=204)
+
+
+async def test_lab_leaves_the_users_culling_settings_alone(tmp_path: Path) -> None:
+    """A cull_idle_timeout in the user's Jupyter config was overridden by the
+    command-line defaults `lab` added, and the banner said 60 min whatever was set."""
+    import json
+    import os
+
+    config = tmp_path / "jupyter-config"
+    config.mkdir()
+    (config / "jupyter_server_config.json").write_text(
+        json.dumps({"MappingKernelManager": {"cull_idle_timeout": 120}})
+    )
+    port = free_port()
+    token = uuid.uuid4().hex
+    log = tmp_path / "lab.log"
+    with open(log, "wb") as handle:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "jupyter_sandbox.cli",
+                "lab",
+                "--no-browser",
+                f"--port={port}",
+                "--ServerApp.ip=127.0.0.1",
+                "--allow-root",
+                f"--IdentityProvider.token={token}",
+                f"--ServerApp.root_dir={tmp_path}",
+            ],
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "JUPYTER_CONFIG_DIR": str(config)},
+        )
+    server = Server(f"http://127.0.0.1:{port}", token, proc, tmp_path, log)
+    try:
+
+        async def up() -> bool:
+            try:
+                return bool(await server.request("GET", "/api/status"))
+            except (OSError, ValueError):
+                return False
+
+        async def culling_started() -> bool:
+            return "Culling kernels" in log.read_text()
+
+        await wait_for(up, 90)
+        kernel_id = await start_kernel(server)  # the culler starts with the first kernel
+        await wait_for(culling_started, 30)
+        await server.request("DELETE", f"/api/kernels/{kernel_id}", expect=204)
+        said = log.read_text()
+        assert "suspended after 2 min, open tabs or not" in said, said[:3000]
+        # the server itself culls after the user's 120 s, at lab's default interval
+        assert "idle durations > 120 seconds at 300 second intervals" in said, said[-3000:]
+    finally:
+        proc.terminate()
+        proc.wait(30)
