@@ -7,6 +7,7 @@ import asyncio
 import json
 import os
 import sys
+import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -67,12 +68,7 @@ def cmd_lab(args: argparse.Namespace) -> int:
             f"jupyter-sandbox: daemon {info.get('pid')} (state in {info.get('state_dir')}), "
             f"router {info.get('router_url')}"
         )
-        kind, detail = str(info.get("isolation")), str(info.get("isolation_detail") or "")
-        # The detail usually names the kind itself ("bubblewrap: user, pid, ...").
-        print(f"  isolation: {detail if detail.startswith(kind) else f'{kind}: {detail}'}")
-        limits = str(info.get("limits") or "")
-        if limits and limits not in detail:  # confined sandboxes' detail already says it
-            print(f"  {limits}")  # "limits: ..."
+        _print_isolation(info)
         for pool in pools:
             path = install_kernelspec(pool.name, display_name=pool.display_name or None)
             print(
@@ -316,7 +312,7 @@ def cmd_daemon(args: argparse.Namespace) -> int:
         try:
             if args.daemon_cmd == "start":
                 info = await plane.ensure_daemon()
-                print(json.dumps(info, indent=1))
+                _print(info, getattr(args, "json", False), _daemon_text)
             elif args.daemon_cmd == "stop":
                 plane.autostart = False
                 try:
@@ -333,12 +329,38 @@ def cmd_daemon(args: argparse.Namespace) -> int:
                 except ClaimError:
                     print("daemon not running")
                     return 1
-                print(json.dumps(info, indent=1))
+                _print(info, getattr(args, "json", False), _daemon_text)
         finally:
             await plane.close()
         return 0
 
     return _run(go())
+
+
+def _daemon_text(info: dict[str, Any]) -> None:
+    """The daemon's info in words: who, since when, where, how it isolates."""
+    import datetime
+
+    started = float(info.get("started") or 0)
+    since = datetime.datetime.fromtimestamp(started).astimezone().strftime("%Y-%m-%d %H:%M:%S %Z")
+    up = int(max(0.0, time.time() - started))
+    print(
+        f"daemon {info.get('pid')} running since {since} "
+        f"(up {up // 3600} h {up % 3600 // 60} min), version {info.get('version')}"
+    )
+    print(f"  state: {info.get('state_dir')}")
+    print(f"  router: {info.get('router_url')}")
+    _print_isolation(info)
+
+
+def _print_isolation(info: dict[str, Any]) -> None:
+    """How the daemon isolates and limits sandboxes, each said once."""
+    kind, detail = str(info.get("isolation")), str(info.get("isolation_detail") or "")
+    # The detail usually names the kind itself ("bubblewrap: user, pid, ...").
+    print(f"  isolation: {detail if detail.startswith(kind) else f'{kind}: {detail}'}")
+    limits = str(info.get("limits") or "")
+    if limits and limits not in detail:  # confined sandboxes' detail already says it
+        print(f"  {limits}")  # "limits: ..."
 
 
 def run_program(name: str, argv: list[str]) -> int:
@@ -385,7 +407,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--json", action="store_true", default=argparse.SUPPRESS, help="print JSON"
     )
 
-    lab = sub.add_parser("lab", help="start JupyterLab with sandboxed kernels (local backend)")
+    lab = sub.add_parser(
+        "lab",
+        help="start JupyterLab with sandboxed kernels (local backend)",
+        description="Start the local sandbox daemon (if it is not running), install a "
+        "kernelspec for each of its pools, say how sandboxes are isolated and limited, and "
+        "run JupyterLab with the suspend-on-cull kernel manager. Idle kernels are suspended "
+        "after an hour unless your Jupyter config or the command line sets culling. Every "
+        "other argument goes to jupyter lab (e.g. --port 9999 --no-browser).",
+    )
     lab.add_argument("lab_args", nargs=argparse.REMAINDER, help="arguments for jupyter lab")
     lab.set_defaults(func=cmd_lab)
 
@@ -497,9 +527,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     daemon = sub.add_parser("daemon", help="the local sandbox daemon")
     daemon_sub = daemon.add_subparsers(dest="daemon_cmd", required=True, metavar="ACTION")
-    daemon_sub.add_parser("start", help="start it (it also starts on first use)")
+    daemon_sub.add_parser("start", parents=[as_json], help="start it (it also starts on first use)")
     daemon_sub.add_parser("stop", help="stop it and every sandbox")
-    daemon_sub.add_parser("status", help="whether it runs, and how it isolates")
+    daemon_sub.add_parser("status", parents=[as_json], help="whether it runs, and how it isolates")
     run = daemon_sub.add_parser("run", help="run in the foreground")
     run.add_argument("daemon_args", nargs=argparse.REMAINDER)
     daemon.set_defaults(func=cmd_daemon)

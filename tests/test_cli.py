@@ -231,8 +231,14 @@ def test_daemon_stop_leaves_no_warm_workspaces_behind(tmp_path: Path) -> None:
     def run(*argv: str) -> subprocess.CompletedProcess[str]:
         return cli(*argv, env=env, timeout=120)
 
-    assert run("daemon", "start").returncode == 0
+    started = run("daemon", "start")
+    assert started.returncode == 0 and "running since" in started.stdout, started
     try:
+        # in words (no raw JSON, no epoch seconds), or as JSON when asked
+        said = run("daemon", "status").stdout
+        assert "running since" in said and "isolation:" in said and "{" not in said, said
+        info = json.loads(run("daemon", "status", "--json").stdout)
+        assert info["pid"] > 0 and info["started"] > 0
         deadline = time.monotonic() + 120
         while True:
             pools = json.loads(run("pool", "list", "--json").stdout)
