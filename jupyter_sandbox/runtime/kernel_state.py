@@ -229,8 +229,10 @@ def _read_manifest(directory: str) -> dict[str, Any]:
 def summary(result: dict[str, Any]) -> str:
     """'restored 14 variables; not restored: conn (socket), worker (thread)'."""
     restored = result.get("restored") or []
-    text = f"restored {len(restored)} variable{'s' if len(restored) != 1 else ''}"
     skipped = result.get("skipped") or {}
+    if not restored and not skipped:
+        return "there were no variables to bring back"
+    text = f"restored {len(restored)} variable{'s' if len(restored) != 1 else ''}"
     if skipped:
         text += "; not restored: " + named(skipped)
     return text

@@ -119,3 +119,13 @@ def test_the_files_are_consumed_and_a_torn_save_is_never_loaded(
     assert not kernel_state.has_state(str(tmp_path))
     (tmp_path / (kernel_state.STATE_FILE + ".tmp")).write_bytes(b"partial")
     assert not kernel_state.has_state(str(tmp_path))
+
+
+def test_a_summary_of_nothing_says_so() -> None:
+    # "restored 0 variables" read like a failure after a kernel that had none
+    assert kernel_state.summary({"restored": [], "skipped": {}}) == (
+        "there were no variables to bring back"
+    )
+    assert kernel_state.summary({"restored": [], "skipped": {"x": "a socket"}}) == (
+        "restored 0 variables; not restored: x (a socket)"
+    )
