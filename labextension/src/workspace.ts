@@ -3,6 +3,7 @@ import { IDocumentManager } from '@jupyterlab/docmanager';
 import { FileBrowser, FilterFileBrowserModel, Uploader } from '@jupyterlab/filebrowser';
 import { Contents, ServerConnection } from '@jupyterlab/services';
 import { LabIcon, refreshIcon, ToolbarButton } from '@jupyterlab/ui-components';
+import type { Message } from '@lumino/messaging';
 import { ISignal, Signal } from '@lumino/signaling';
 import { Panel, Widget } from '@lumino/widgets';
 
@@ -190,7 +191,10 @@ export class WorkspacePanel extends Panel {
       model: new FilterFileBrowserModel({
         manager,
         driveName: DRIVE_NAME,
-        refreshInterval: 10000
+        refreshInterval: 10000,
+        // Each refresh asks the sandbox: only while this panel shows a sandbox's
+        // files (and the page is visible), never for a panel nobody looks at.
+        refreshStandby: () => (this.isVisible && this._kernelId ? 'when-hidden' : true)
       })
     });
     this.browser.toolbar.addItem(
@@ -225,10 +229,28 @@ export class WorkspacePanel extends Panel {
     this.browser.node.style.display = label ? '' : 'none';
     if (kernelId !== this._kernelId) {
       this._kernelId = kernelId;
-      void this.browser.model.cd('/').then(() => this.browser.model.refresh());
+      this._stale = true; // another sandbox: from its top, when the panel is shown
+      if (this.isVisible) {
+        this._reload();
+      }
     }
+  }
+
+  protected onAfterShow(msg: Message): void {
+    super.onAfterShow(msg);
+    if (this._stale) {
+      this._reload();
+    } else if (this._kernelId) {
+      void this.browser.model.refresh(); // it did not poll while hidden
+    }
+  }
+
+  private _reload(): void {
+    this._stale = false;
+    void this.browser.model.cd('/').then(() => this.browser.model.refresh());
   }
 
   private _header = new Widget();
   private _kernelId: string | null = null;
+  private _stale = false;
 }

@@ -463,6 +463,30 @@ def test_the_sandbox_files_panel_browses_opens_and_uploads(tmp_path: Path) -> No
         page.screenshot(path=str(shots / "31-uploaded.png"))
 
 
+def test_the_sandbox_files_panel_asks_the_sandbox_only_while_shown(tmp_path: Path) -> None:
+    """It polled every 10 s whether shown or not (three server warnings a poll for a
+    suspended sandbox); now it asks only while it shows a sandbox's files."""
+    with lab_in_browser(tmp_path) as (lab, page, shots):
+        listings: list[str] = []
+        page.on(
+            "request",
+            lambda r: (
+                listings.append(r.url)
+                if "/api/sandbox/kernels/" in r.url and "/contents" in r.url
+                else None
+            ),
+        )
+        launch(page, lab)
+        page.wait_for_timeout(22_000)  # two poll intervals with the panel hidden
+        assert listings == [], listings
+        page.locator(".lm-TabBar-tab[title^='Sandbox Files']").first.click()
+        workspace = page.locator("#jupyter-sandbox-workspace")
+        workspace.locator(".jp-DirListing-content").wait_for()
+        page.wait_for_timeout(2_000)
+        assert listings, "the shown panel lists the workspace at once"
+        page.screenshot(path=str(shots / "01-shown.png"))
+
+
 def test_a_culled_notebook_reopens_without_a_crash_dialog(tmp_path: Path) -> None:
     from playwright.sync_api import expect
 
