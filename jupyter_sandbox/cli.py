@@ -273,9 +273,7 @@ def cmd_claims(args: argparse.Namespace) -> int:
                 _print(
                     claims,
                     args.json,
-                    lambda rows: _table(
-                        rows, ["name", "pool", "phase", "sandbox", "warm", "isolation"]
-                    ),
+                    _claims_table,
                 )
             elif args.claims_cmd == "release":
                 if await plane.status(args.name) is None:
@@ -344,10 +342,8 @@ def _daemon_text(info: dict[str, Any]) -> None:
     started = float(info.get("started") or 0)
     since = datetime.datetime.fromtimestamp(started).astimezone().strftime("%Y-%m-%d %H:%M:%S %Z")
     up = int(max(0.0, time.time() - started))
-    print(
-        f"daemon {info.get('pid')} running since {since} "
-        f"(up {up // 3600} h {up % 3600 // 60} min), version {info.get('version')}"
-    )
+    version = info.get("version")
+    print(f"daemon {info.get('pid')} running since {since} (up {_duration(up)}), version {version}")
     print(f"  state: {info.get('state_dir')}")
     print(f"  router: {info.get('router_url')}")
     _print_isolation(info)
@@ -372,13 +368,49 @@ def run_program(name: str, argv: list[str]) -> int:
 
 
 def _pool_table(rows: list[dict[str, Any]]) -> None:
-    _table(rows, ["name", "replicas", "ready", "starting", "claimed", "isolation"])
+    def limit(settings: dict[str, Any], key: str, unit: str = "") -> str:
+        value = settings.get(key)
+        return "none" if value is None else f"{value:g}{unit}"
+
+    shown = []
+    for row in rows:
+        settings = row.get("settings") or {}
+        shown.append(
+            {
+                **row,
+                "memory": limit(settings, "memory_mb", " MB"),
+                "processes": limit(settings, "max_processes"),
+                "disk": limit(settings, "disk_mb", " MB"),
+                "network": "yes" if settings.get("network", True) else "no",
+                "files": settings.get("files", "?"),
+            }
+        )
+    columns = ["name", "replicas", "ready", "claimed", "memory", "processes", "disk"]
+    _table(shown, [*columns, "network", "files", "isolation"])
     for row in rows:
         if row.get("message"):
             print(f"{row['name']}: {row['message']}")
     limits = {str(row.get("limits", "")) for row in rows}
     for line in sorted(text for text in limits if "not enforced" in text):
         print(f"note: {line}")
+
+
+def _claims_table(rows: list[dict[str, Any]]) -> None:
+    """Claims with their notebook's directory and age, in words."""
+    shown = []
+    for row in rows:
+        age = int(max(0.0, time.time() - float(row.get("created") or time.time())))
+        files = (row.get("resources") or {}).get("files_dir") or "-"
+        shown.append({**row, "age": _duration(age), "notebook dir": files})
+    _table(shown, ["name", "pool", "phase", "sandbox", "warm", "age", "notebook dir"])
+
+
+def _duration(seconds: int) -> str:
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} min"
+    return f"{seconds // 3600} h {seconds % 3600 // 60} min"
 
 
 def _table(rows: list[dict[str, Any]], columns: list[str]) -> None:

@@ -175,6 +175,9 @@ async def test_a_pool_that_cannot_start_says_why(plane: LocalControlPlane) -> No
             timeout=60,
         )
         assert "starved: sandboxes keep exiting" in result.stdout
+        # what its sandboxes get, defaults applied
+        (row,) = [line for line in result.stdout.splitlines() if line.startswith("starved ")]
+        assert "8 MB" in row and "10240 MB" in row and " rw " in row, result.stdout
     finally:
         await plane.delete_pool("starved")
     assert "starved" not in [p.name for p in await plane.list_pools()]
@@ -402,3 +405,22 @@ async def test_a_sandbox_has_no_route_to_another(plane: LocalControlPlane) -> No
     assert "socket visible False" in out, out
     assert "state dir visible False" in out, out
     assert "router: 401" in out or "router: unreachable" in out, out
+
+
+async def test_claims_list_says_each_claims_notebook_directory_and_age(
+    plane: LocalControlPlane, tmp_path: Path
+) -> None:
+    status = await plane.claim(ClaimRequest(pool="default", files_dir=str(tmp_path)))
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "jupyter_sandbox.cli", "claims", "list"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        header, *rows = result.stdout.splitlines()
+        assert "AGE" in header and "NOTEBOOK DIR" in header, result.stdout
+        (row,) = [line for line in rows if line.startswith(status.name)]
+        assert str(tmp_path) in row and " s " in row, row
+    finally:
+        await plane.release(status.name)

@@ -234,6 +234,8 @@ class PoolStatus:
     limits: str = ""  # how resource limits are enforced (local backend)
     display_name: str = ""
     message: str = ""  # why members do not get ready, when they keep failing
+    # What its sandboxes get (local backend): limits in force, network, files.
+    settings: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -332,6 +332,7 @@ class LocalController:
             "limits": self.limits,
             "display_name": pool.display_name or f"Python 3 (sandbox: {pool.name})",
             "message": self._environment_message(pool) or self._failing(owned),
+            "settings": pool_settings(pool),
         }
 
     def _environment_message(self, pool: PoolSpec) -> str:
@@ -904,6 +905,22 @@ class LocalController:
         self._orphan_since.pop(name, None)
         self._touch("claim", name)
         return claim
+
+
+def pool_settings(pool: PoolSpec) -> dict[str, Any]:
+    """What a pool's sandboxes get, defaults applied (None: no limit)."""
+    memory = pool.cgroup_memory_bytes()
+    disk = pool.disk_limit_bytes()
+    return {
+        "memory_mb": None if memory is None else memory // (1024 * 1024),
+        "max_processes": pool.process_limit(),
+        "cpus": pool.cpus,
+        "disk_mb": None if disk is None else disk // (1024 * 1024),
+        "tmp_mb": pool.tmp_bytes() // (1024 * 1024),
+        "network": pool.network,
+        "files": pool.files,
+        "requirements": len(pool.requirements),
+    }
 
 
 def _disk_words(usage: Usage, pool: PoolSpec) -> str:
