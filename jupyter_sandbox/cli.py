@@ -60,7 +60,7 @@ def _print(data: Any, as_json: bool, table: Callable[[Any], None]) -> None:
 def cmd_lab(args: argparse.Namespace) -> int:
     from .kernelspec import install_kernelspec, kernelspec_name
 
-    async def prepare() -> int:
+    async def prepare(specs: list[str]) -> int:
         plane = _plane()
         info = await plane.ensure_daemon()
         pools = await plane.list_pools()
@@ -71,6 +71,7 @@ def cmd_lab(args: argparse.Namespace) -> int:
         _print_isolation(info)
         for pool in pools:
             path = install_kernelspec(pool.name, display_name=pool.display_name or None)
+            specs.append(kernelspec_name(pool.name))
             print(
                 f"  pool {pool.name}: {pool.ready}/{pool.replicas} warm; "
                 f"kernelspec {kernelspec_name(pool.name)} in {path}"
@@ -85,13 +86,29 @@ def cmd_lab(args: argparse.Namespace) -> int:
         await plane.close()
         return 0
 
-    if _run(prepare()) != 0:
+    specs: list[str] = []
+    if _run(prepare(specs)) != 0:
         return 2
-    from .lab_defaults import culling, from_config_files
+    from .lab_defaults import (
+        SANDBOX_ONLY,
+        culling,
+        default_kernel,
+        from_config_files,
+        sandbox_only,
+    )
 
+    lab_args = [arg for arg in args.lab_args if arg != SANDBOX_ONLY]
     # Only what the user set nowhere: a config file's setting is not overridden.
-    added, said = culling(args.lab_args, from_config_files())
+    configured = from_config_files()
+    added, said = culling(lab_args, configured)
+    # File > New: the default pool's kernel, else the first pool's
+    preferred = kernelspec_name("default")
+    if specs:
+        added += default_kernel(lab_args, configured, preferred if preferred in specs else specs[0])
     print(said)
+    if SANDBOX_ONLY in args.lab_args:
+        added += sandbox_only(specs)
+        print(f"  sandbox only: kernels {', '.join(specs)}; no terminal on this machine")
     sys.stdout.flush()
     argv = [
         sys.executable,
@@ -99,7 +116,7 @@ def cmd_lab(args: argparse.Namespace) -> int:
         "jupyterlab",
         f"--ServerApp.kernel_manager_class={MANAGER_CLASS}",
         *added,
-        *args.lab_args,
+        *lab_args,
     ]
     os.execv(sys.executable, argv)
     return 0  # not reached
@@ -445,8 +462,11 @@ def build_parser() -> argparse.ArgumentParser:
         description="Start the local sandbox daemon (if it is not running), install a "
         "kernelspec for each of its pools, say how sandboxes are isolated and limited, and "
         "run JupyterLab with the suspend-on-cull kernel manager. Idle kernels are suspended "
-        "after an hour unless your Jupyter config or the command line sets culling. Every "
-        "other argument goes to jupyter lab (e.g. --port 9999 --no-browser).",
+        "after an hour and File > New makes a sandboxed notebook, unless your Jupyter "
+        "config or the command line says otherwise. --sandbox-only offers only sandboxed "
+        "kernels (any other kernel name is sandboxed too) and turns off the terminal, a "
+        "shell on this machine. Every other argument goes to jupyter lab (e.g. --port "
+        "9999 --no-browser).",
     )
     lab.add_argument("lab_args", nargs=argparse.REMAINDER, help="arguments for jupyter lab")
     lab.set_defaults(func=cmd_lab)

@@ -1,10 +1,14 @@
-"""What ``jupyter-sandbox lab`` sets for the user: culling, where the user set none.
+"""What ``jupyter-sandbox lab`` sets for the user, where the user set nothing.
 
 Idle sandboxed kernels are suspended, not shut down (variables and files are
-kept), so culling them costs the user little. But a setting the user made, on
-the command line or in a Jupyter config file, always wins: the defaults go on
-the command line only for the settings nobody made, and the banner says the
-timeout that is in force.
+kept), so culling them costs the user little; and File > New makes a sandboxed
+notebook. But a setting the user made, on the command line or in a Jupyter
+config file, always wins: the defaults go on the command line only for the
+settings nobody made, and the banner says the timeout that is in force.
+
+``--sandbox-only`` (lab's own option) goes further: only the sandbox
+kernelspecs are offered, a kernel started under any other name is sandboxed
+too, and JupyterLab's terminal (a shell on the host) is off.
 """
 
 from __future__ import annotations
@@ -22,28 +26,54 @@ LAB_CULLING: dict[str, Any] = {
 }
 # The culling traits are MappingKernelManager's; a subclass's section sets them too.
 SECTIONS = ("MappingKernelManager", "AsyncMappingKernelManager", "SandboxKernelManager")
+DEFAULT_KERNEL = "default_kernel_name"  # MultiKernelManager's
+SANDBOX_ONLY = "--sandbox-only"
+
+
+TRAITS = (*LAB_CULLING, DEFAULT_KERNEL)
+KERNEL_MANAGER_SECTIONS = ("MultiKernelManager", *SECTIONS)
 
 
 def from_command_line(args: Iterable[str]) -> dict[str, str]:
-    """``--Section.cull_x=value`` arguments among ``args``, by trait name."""
+    """``--Section.trait=value`` arguments among ``args`` for the kernel manager
+    traits lab gives defaults to, by trait name."""
     found = {}
     for arg in args:
         key, sep, value = arg.lstrip("-").partition("=")
         section, _, trait = key.rpartition(".")
-        if sep and section in SECTIONS and trait in LAB_CULLING:
+        if sep and section in KERNEL_MANAGER_SECTIONS and trait in TRAITS:
             found[trait] = value
     return found
 
 
 def from_config(config: Mapping[str, Any]) -> dict[str, Any]:
-    """The culling traits a loaded Jupyter config sets."""
+    """The kernel manager traits (of those lab gives defaults to) a loaded config sets."""
     found = {}
-    for section in SECTIONS:
+    for section in KERNEL_MANAGER_SECTIONS:
         values = config.get(section) or {}
-        for trait in LAB_CULLING:
+        for trait in TRAITS:
             if trait in values:
                 found[trait] = values[trait]
     return found
+
+
+def default_kernel(lab_args: list[str], configured: Mapping[str, Any], kernel: str) -> list[str]:
+    """File > New makes a notebook on ``kernel`` unless the user named another."""
+    if DEFAULT_KERNEL in {**configured, **from_command_line(lab_args)}:
+        return []
+    return [f"--MappingKernelManager.{DEFAULT_KERNEL}={kernel}"]
+
+
+def sandbox_only(kernelspecs: Iterable[str]) -> list[str]:
+    """The arguments of ``--sandbox-only``: only these kernelspecs, a kernel of
+    any other name sandboxed too, and no terminal on the host."""
+    allowed = [f"--KernelSpecManager.allowed_kernelspecs={name}" for name in kernelspecs]
+    return [
+        *allowed,
+        "--KernelSpecManager.ensure_native_kernel=False",
+        "--KernelProvisionerFactory.default_provisioner_name=sandbox-provisioner",
+        "--ServerApp.terminals_enabled=False",
+    ]
 
 
 def from_config_files() -> dict[str, Any]:

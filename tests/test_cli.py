@@ -134,6 +134,7 @@ async def test_jupyter_sandbox_lab_serves_sandboxed_kernels(tmp_path: Path) -> N
 
         await wait_for(up, 90)
         specs = await server.request("GET", "/api/kernelspecs")
+        assert specs["default"] == "sandbox-default", "File > New makes a sandboxed notebook"
         spec = specs["kernelspecs"]["sandbox-default"]["spec"]
         assert spec["display_name"] == "Python 3 (sandbox: default)"
         assert spec["metadata"]["kernel_provisioner"]["provisioner_name"] == "sandbox-provisioner"
@@ -349,6 +350,54 @@ async def test_lab_leaves_the_users_culling_settings_alone(tmp_path: Path) -> No
         assert "suspended after 2 min, open tabs or not" in said, said[:3000]
         # the server itself culls after the user's 120 s, at lab's default interval
         assert "idle durations > 120 seconds at 300 second intervals" in said, said[-3000:]
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+async def test_lab_sandbox_only_offers_nothing_else(tmp_path: Path) -> None:
+    """--sandbox-only: only sandbox kernelspecs, any kernel name sandboxed, no host terminal."""
+    port = free_port()
+    token = uuid.uuid4().hex
+    log = tmp_path / "lab.log"
+    with open(log, "wb") as handle:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "jupyter_sandbox.cli",
+                "lab",
+                "--sandbox-only",
+                "--no-browser",
+                f"--port={port}",
+                "--ServerApp.ip=127.0.0.1",
+                "--allow-root",
+                f"--IdentityProvider.token={token}",
+                f"--ServerApp.root_dir={tmp_path}",
+            ],
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+        )
+    server = Server(f"http://127.0.0.1:{port}", token, proc, tmp_path, log)
+    try:
+
+        async def up() -> bool:
+            try:
+                return bool(await server.request("GET", "/api/status"))
+            except (OSError, ValueError):
+                return False
+
+        await wait_for(up, 90)
+        specs = await server.request("GET", "/api/kernelspecs")
+        assert specs["default"] == "sandbox-default"
+        assert specs["kernelspecs"] and all(
+            name.startswith("sandbox-") for name in specs["kernelspecs"]
+        ), list(specs["kernelspecs"])
+        terminals = await httpclient.AsyncHTTPClient().fetch(
+            f"{server.url}/api/terminals", headers=server.headers(), raise_error=False
+        )
+        assert terminals.code == 404, "no shell on this machine"
+        assert "sandbox only: kernels sandbox-default" in log.read_text()
     finally:
         proc.terminate()
         proc.wait(30)

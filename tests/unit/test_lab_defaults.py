@@ -44,3 +44,21 @@ def test_what_counts_as_a_setting() -> None:
     assert from_config(
         {"AsyncMappingKernelManager": {"cull_connected": False}, "ServerApp": {"port": 1}}
     ) == {"cull_connected": False}
+
+
+def test_file_new_makes_a_sandboxed_notebook_unless_the_user_chose() -> None:
+    from jupyter_sandbox.lab_defaults import default_kernel
+
+    chosen = ["--MappingKernelManager.default_kernel_name=sandbox-default"]
+    assert default_kernel([], {}, "sandbox-default") == chosen
+    assert default_kernel(["--MultiKernelManager.default_kernel_name=python3"], {}, "x") == []
+    assert default_kernel([], {"default_kernel_name": "python3"}, "x") == []
+
+
+def test_sandbox_only_offers_only_sandboxes_and_no_host_shell() -> None:
+    from jupyter_sandbox.lab_defaults import sandbox_only
+
+    args = sandbox_only(["sandbox-default", "sandbox-gpu"])
+    assert "--KernelSpecManager.allowed_kernelspecs=sandbox-gpu" in args
+    assert "--KernelProvisionerFactory.default_provisioner_name=sandbox-provisioner" in args
+    assert "--ServerApp.terminals_enabled=False" in args
