@@ -193,3 +193,29 @@ def test_a_workspace_over_its_disk_limit_is_marked(limited: Sandbox) -> None:
     status = _disk_settles(limited, lambda mb: mb < DISK_MB)
     assert status.resources["disk"]["over"] is False
     assert "disk limit" not in status.message
+
+
+MEMORY = """
+import mmap
+# what numpy, pandas and OpenBLAS do on import: reserve address space, touch little
+reserved = mmap.mmap(-1, 3 << 30, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, prot=mmap.PROT_READ)
+print("reserved_mb", len(reserved) >> 20)
+held = b"x" * (400 << 20)
+print("held_mb", len(held) >> 20)
+try:
+    more = b"y" * (2 << 30)
+    print("allocated_mb", len(more) >> 20)
+except MemoryError:
+    print("refused")
+"""
+
+
+def test_memory_limits_count_memory_not_address_space(limited: Sandbox) -> None:
+    """The limit was also set as RLIMIT_AS: importing numpy and pandas reserved a GB
+    of address space, and a 1 GB pool could not hold a 100 MB array. Now the memory
+    cgroup (or, without one, RLIMIT_DATA) counts what is used: reserved address
+    space is free, 400 MB fit in a 768 MB pool, and 2 GB do not (refused, or the
+    process is killed by the cgroup)."""
+    out = run(limited, MEMORY)
+    assert "reserved_mb 3072" in out and "held_mb 400" in out, out
+    assert "allocated_mb" not in out, out

@@ -649,10 +649,7 @@ class LocalController:
             kernel_name=pool.kernel_name,
             network=pool.network,
             env={**(self.pip.env if pool.pip_config else {}), **pool.env, **sandbox.env},
-            limits=Limits(
-                memory_bytes=pool.memory_mb * 1024 * 1024 if pool.memory_mb else None,
-                cpu_seconds=pool.cpu_seconds,
-            ),
+            limits=Limits(cpu_seconds=pool.cpu_seconds),
             tmp_bytes=pool.tmp_bytes(),
             cgroup=self._cgroup(sandbox.name, pool),
             files_dir=Path(sandbox.files_dir) if sandbox.files_dir else None,
@@ -660,6 +657,10 @@ class LocalController:
             pool_packages=Path(sandbox.pool_packages) if sandbox.pool_packages else None,
             ro_files=tuple(self.pip.files) if pool.pip_config else (),
         )
+        if spec.cgroup is None:
+            # The memory cgroup counts the sandbox's resident memory, /tmp and
+            # /dev/shm included; without one, each process's private memory.
+            spec.limits.memory_bytes = pool.cgroup_memory_bytes()
         processes = pool.process_limit()
         if spec.cgroup is None and processes is not None:
             # RLIMIT_NPROC counts every process and thread of the user, not the

@@ -172,7 +172,10 @@ def describe_confinement(isolation: Isolation, cgroups: CgroupLimits) -> tuple[I
     if capability.enforced:
         limits = f"limits: {capability}"
     else:
-        limits = f"limits not enforced by cgroups, rlimits only ({capability.detail})"
+        limits = (
+            "limits not enforced by cgroups, rlimits only: memory per process "
+            f"(RLIMIT_DATA; /tmp and /dev/shm by their size), processes ({capability.detail})"
+        )
     if not isolation.isolated:
         return isolation, limits
     seccomp = seccomp_filter.probe()

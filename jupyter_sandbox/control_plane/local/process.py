@@ -59,6 +59,9 @@ BASE_ENV = {
 
 @dataclass
 class Limits:
+    # Without a memory cgroup: each process's private writable memory (RLIMIT_DATA).
+    # Never the address space (RLIMIT_AS): importing numpy and pandas reserves a GB
+    # of it with a tenth of that resident, so such a limit refused honest work.
     memory_bytes: int | None = None
     cpu_seconds: int | None = None
     max_processes: int | None = None
@@ -67,7 +70,7 @@ class Limits:
     def apply(self) -> None:
         """Run in the child before exec: rlimits are inherited by everything inside."""
         if self.memory_bytes:
-            resource.setrlimit(resource.RLIMIT_AS, (self.memory_bytes, self.memory_bytes))
+            resource.setrlimit(resource.RLIMIT_DATA, (self.memory_bytes, self.memory_bytes))
         if self.cpu_seconds:
             resource.setrlimit(resource.RLIMIT_CPU, (self.cpu_seconds, self.cpu_seconds))
         if self.max_processes:
