@@ -512,22 +512,13 @@ def claim_service_documents(images: dict[str, str], hub_url: str, router_url: st
     return docs
 
 
-async def test_hub_users_through_the_deployed_claim_service(
-    kube_node_cluster, deployed, hub, tmp_path, monkeypatch
-):
-    """The z2jh recipe on real pods: the claim service as deploy/jupyterhub
-    deploys it, and alice's kernel (the recipe's kernelspec: no Kubernetes
-    credentials, her hub token) runs, keeps a variable and a file across a
-    suspend and resume in a new pod, and is gone at shutdown; bob, with his own
-    token, can neither see, suspend nor delete her claim, nor reach her sandbox."""
-    from jupyter_client.kernelspec import KernelSpecManager
-    from jupyter_client.manager import AsyncKernelManager
+@pytest.fixture(scope="module")
+def claim_service(kube_node_cluster, deployed, hub) -> Iterator[dict[str, str]]:
+    """deploy/jupyterhub's claim service, applied and Available: its URL (its pod,
+    from the host) and the router's."""
     from kubernetes import client
 
-    from jupyter_sandbox.control_plane.base import ClaimNotFound
-    from jupyter_sandbox.control_plane.factory import _create
-
-    api, core, apps, kube = deployed["api"], deployed["core"], deployed["apps"], deployed["kube"]
+    api, core, apps = deployed["api"], deployed["core"], deployed["apps"]
     router_url = f"http://{_router_pod_ip(core)}:8080"
     images = {"jupyter-sandbox-operator": kube_node_cluster.operator_image}
     hub_url = hub_url_for_pods(hub, kube_node_cluster.node.node_ip)
@@ -556,82 +547,166 @@ async def test_hub_users_through_the_deployed_claim_service(
             raise AssertionError(f"{exc}; its logs: {logs}") from None
         pods = core.list_namespaced_pod(SANDBOX_NS, label_selector=selector).items
         (pod,) = [p for p in pods if pod_ready(p)]
-        service_url = f"http://{pod.status.pod_ip}:8090"
-
-        # alice's single-user server: the recipe's kernelspec, pointed at this service
-        values = yaml.safe_load((DEPLOY / "jupyterhub" / "values.yaml").read_text())
-        files = values["singleuser"]["extraFiles"]
-        spec = json.loads(files["sandbox-kernelspec"]["stringData"])
-        config = spec["metadata"]["kernel_provisioner"]["config"]
-        config["backend_options"]["claim_service_url"] = service_url
-        kdir = tmp_path / "kernels" / "sandbox-python"
-        kdir.mkdir(parents=True)
-        (kdir / "kernel.json").write_text(json.dumps(spec))
-        monkeypatch.setenv("JUPYTERHUB_USER", "alice")
-        monkeypatch.setenv("JUPYTERHUB_API_TOKEN", hub.tokens["alice"])
-        monkeypatch.setenv("KUBECONFIG", str(tmp_path / "none"))  # no credentials here
-
-        async def execute(kc, code: str) -> dict:
-            msg_id = kc.execute(code)
-            reply = await kc.get_shell_msg(timeout=120)
-            assert reply["content"]["status"] == "ok", reply["content"]
-            while True:
-                msg = await kc.get_iopub_msg(timeout=120)
-                if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == (
-                    "execute_result"
-                ):
-                    return msg["content"]["data"]
-
-        ksm = KernelSpecManager(kernel_dirs=[str(tmp_path / "kernels")])
-        km = AsyncKernelManager(kernel_name="sandbox-python", kernel_spec_manager=ksm)
-        await km.start_kernel()
-        kc = km.client()
-        kc.start_channels()
-        bob = None
-        try:
-            await kc.wait_for_ready(timeout=120)
-            (claim,) = kube.list(CLAIM)
-            assert claim["metadata"]["annotations"]["jupyter-sandbox/user"] == "alice"
-            name, sandbox = claim["metadata"]["name"], claim["status"]["sandbox"]["name"]
-            data = await execute(
-                kc, "x = 41 + 1; open('/workspace/hub.txt', 'w').write('alice'); x"
-            )
-            assert data["text/plain"] == "42"
-
-            # bob, from his own server: nothing of alice's by any verb or route
-            monkeypatch.setenv("JUPYTERHUB_USER", "bob")
-            monkeypatch.setenv("JUPYTERHUB_API_TOKEN", hub.tokens["bob"])
-            bob = _create("kubernetes", dict(config["backend_options"]))
-            assert await bob.list_claims() == []
-            assert await bob.status(name) is None
-            for attempt in (bob.suspend, bob.resume):
-                with pytest.raises(ClaimNotFound):
-                    await attempt(name)
-            await bob.release(name)
-            assert kube.get(CLAIM, name) is not None
-            assert _router_status(router_url, sandbox, hub.tokens["bob"]) == 403
-
-            # the culler's suspend: state saved through the router, the pod goes
-            pod = sandbox_pod(kube, sandbox)
-            await km.provisioner.suspend()
-            wait_for(lambda: sandbox_pod(kube, sandbox) is None, 120, what="pod deleted")
-            await km.provisioner.resume()
-            data = await execute(kc, "(x, open('/workspace/hub.txt').read())")
-            assert data["text/plain"] == "(42, 'alice')"
-            new = sandbox_pod(kube, sandbox)
-            assert new is not None and new.metadata.uid != pod.metadata.uid
-        finally:
-            kc.stop_channels()
-            await km.shutdown_kernel(now=True)
-            if bob is not None:
-                await bob.close()
-        wait_for(lambda: kube.get(CLAIM, name) is None, 60, what="claim deleted")
+        yield {"url": f"http://{pod.status.pod_ip}:8090", "router_url": router_url}
     finally:
+        deletes = {
+            "ValidatingAdmissionPolicyBinding": adm.delete_validating_admission_policy_binding,
+            "ValidatingAdmissionPolicy": adm.delete_validating_admission_policy,
+        }
         for doc in docs:
-            if doc["kind"] == "ValidatingAdmissionPolicyBinding":
-                _delete_quietly(
-                    adm.delete_validating_admission_policy_binding, doc["metadata"]["name"]
-                )
-            elif doc["kind"] == "ValidatingAdmissionPolicy":
-                _delete_quietly(adm.delete_validating_admission_policy, doc["metadata"]["name"])
+            if doc["kind"] in deletes:
+                _delete_quietly(deletes[doc["kind"]], doc["metadata"]["name"])
         _delete_quietly(apps.delete_namespaced_deployment, "jupyter-sandbox-claims", SANDBOX_NS)
+
+
+def recipe_kernelspec(directory: Path, service_url: str) -> Path:
+    """The z2jh recipe's kernelspec (values.yaml), pointed at ``service_url``;
+    the kernels directory it is in."""
+    values = yaml.safe_load((DEPLOY / "jupyterhub" / "values.yaml").read_text())
+    spec = json.loads(values["singleuser"]["extraFiles"]["sandbox-kernelspec"]["stringData"])
+    config = spec["metadata"]["kernel_provisioner"]["config"]
+    config["backend_options"]["claim_service_url"] = service_url
+    kdir = directory / "kernels" / "sandbox-python"
+    kdir.mkdir(parents=True)
+    (kdir / "kernel.json").write_text(json.dumps(spec))
+    return directory / "kernels"
+
+
+async def test_hub_users_through_the_deployed_claim_service(
+    kube_node_cluster, deployed, claim_service, hub, tmp_path, monkeypatch
+):
+    """The z2jh recipe on real pods: the claim service as deploy/jupyterhub
+    deploys it, and alice's kernel (the recipe's kernelspec: no Kubernetes
+    credentials, her hub token) runs, keeps a variable and a file across a
+    suspend and resume in a new pod, and is gone at shutdown; bob, with his own
+    token, can neither see, suspend nor delete her claim, nor reach her sandbox."""
+    from jupyter_client.kernelspec import KernelSpecManager
+    from jupyter_client.manager import AsyncKernelManager
+
+    from jupyter_sandbox.control_plane.base import ClaimNotFound
+    from jupyter_sandbox.control_plane.factory import _create
+
+    kube = deployed["kube"]
+    router_url = claim_service["router_url"]
+    kernels = recipe_kernelspec(tmp_path, claim_service["url"])
+    options = {"claim_service_url": claim_service["url"], "router_auth": "jupyterhub"}
+    monkeypatch.setenv("JUPYTERHUB_USER", "alice")
+    monkeypatch.setenv("JUPYTERHUB_API_TOKEN", hub.tokens["alice"])
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "none"))  # no credentials here
+
+    async def execute(kc, code: str) -> dict:
+        msg_id = kc.execute(code)
+        reply = await kc.get_shell_msg(timeout=120)
+        assert reply["content"]["status"] == "ok", reply["content"]
+        while True:
+            msg = await kc.get_iopub_msg(timeout=120)
+            if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == (
+                "execute_result"
+            ):
+                return msg["content"]["data"]
+
+    ksm = KernelSpecManager(kernel_dirs=[str(kernels)])
+    km = AsyncKernelManager(kernel_name="sandbox-python", kernel_spec_manager=ksm)
+    await km.start_kernel()
+    kc = km.client()
+    kc.start_channels()
+    bob = None
+    try:
+        await kc.wait_for_ready(timeout=120)
+        (claim,) = kube.list(CLAIM)
+        assert claim["metadata"]["annotations"]["jupyter-sandbox/user"] == "alice"
+        name, sandbox = claim["metadata"]["name"], claim["status"]["sandbox"]["name"]
+        data = await execute(kc, "x = 41 + 1; open('/workspace/hub.txt', 'w').write('alice'); x")
+        assert data["text/plain"] == "42"
+
+        # bob, from his own server: nothing of alice's by any verb or route
+        monkeypatch.setenv("JUPYTERHUB_USER", "bob")
+        monkeypatch.setenv("JUPYTERHUB_API_TOKEN", hub.tokens["bob"])
+        bob = _create("kubernetes", dict(options))
+        assert await bob.list_claims() == []
+        assert await bob.status(name) is None
+        for attempt in (bob.suspend, bob.resume):
+            with pytest.raises(ClaimNotFound):
+                await attempt(name)
+        await bob.release(name)
+        assert kube.get(CLAIM, name) is not None
+        assert _router_status(router_url, sandbox, hub.tokens["bob"]) == 403
+
+        # the culler's suspend: state saved through the router, the pod goes
+        pod = sandbox_pod(kube, sandbox)
+        await km.provisioner.suspend()
+        wait_for(lambda: sandbox_pod(kube, sandbox) is None, 120, what="pod deleted")
+        await km.provisioner.resume()
+        data = await execute(kc, "(x, open('/workspace/hub.txt').read())")
+        assert data["text/plain"] == "(42, 'alice')"
+        new = sandbox_pod(kube, sandbox)
+        assert new is not None and new.metadata.uid != pod.metadata.uid
+    finally:
+        kc.stop_channels()
+        await km.shutdown_kernel(now=True)
+        if bob is not None:
+            await bob.close()
+    wait_for(lambda: kube.get(CLAIM, name) is None, 60, what="claim deleted")
+
+
+async def test_a_restarted_hub_server_takes_back_only_its_users_kernels(
+    kube_node_cluster, deployed, claim_service, hub, tmp_path
+):
+    """Two users' Jupyter servers on the recipe (no Kubernetes credentials): alice's
+    server is killed and started again; it re-attaches her running kernel, variables
+    intact, through the claim service, and bob's kernel is untouched."""
+    from tests.helpers import KernelSocket, jupyter_server, start_kernel
+    from tests.helpers import wait_for as twait
+
+    kube = deployed["kube"]
+    kernels = recipe_kernelspec(tmp_path, claim_service["url"])
+
+    def env(user: str) -> dict[str, str]:
+        return {
+            "JUPYTER_PATH": str(kernels.parent),
+            "JUPYTERHUB_USER": user,
+            "JUPYTERHUB_API_TOKEN": hub.tokens[user],
+            "KUBECONFIG": str(tmp_path / "none"),
+        }
+
+    (tmp_path / "alice").mkdir()
+    (tmp_path / "bob").mkdir()
+    with jupyter_server(tmp_path / "bob", env=env("bob")) as bobs:
+        bobs_kernel = await start_kernel(bobs, "sandbox-python")
+        with jupyter_server(tmp_path / "alice", env=env("alice")) as first:
+            kernel_id = await start_kernel(first, "sandbox-python")
+            ws = await KernelSocket(first, kernel_id).connect()
+            await ws.execute("kept = 'before the restart'")
+            ws.close()
+            first.proc.kill()  # no shutdown: the claim stays for the next server
+            first.proc.wait(30)
+        claims = {c["metadata"]["annotations"]["jupyter-sandbox/user"] for c in kube.list(CLAIM)}
+        assert claims == {"alice", "bob"}, claims
+        with jupyter_server(tmp_path / "alice", env=env("alice"), root=first.root) as again:
+
+            async def reattached() -> bool:
+                listed = await again.request("GET", "/api/kernels")
+                return [k["id"] for k in listed] == [kernel_id]
+
+            await twait(reattached, 60)
+            ws = await KernelSocket(again, kernel_id).connect()
+            result = await ws.execute("print(kept)")
+            ws.close()
+            assert result.stdout.strip() == "before the restart", result.stdout
+        # bob's server and kernel never noticed
+        listed = await bobs.request("GET", "/api/kernels")
+        assert [k["id"] for k in listed] == [bobs_kernel]
+        assert (
+            len(
+                [
+                    c
+                    for c in kube.list(CLAIM)
+                    if c["metadata"]["annotations"]["jupyter-sandbox/user"] == "bob"
+                ]
+            )
+            == 1
+        )
+        await bobs.request("DELETE", f"/api/kernels/{bobs_kernel}", expect=204)
+    for c in kube.list(CLAIM):
+        kube.delete(CLAIM, c["metadata"]["name"])
+    wait_for(lambda: not kube.list(CLAIM), 60, what="claims deleted")
