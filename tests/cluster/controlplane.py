@@ -356,8 +356,9 @@ class ControlPlane:
                     "--v=0",
                 ],
             )
-        if self.with_kwok and self.with_scheduler and find_binary("kwok"):
-            stages = self.kwok_stages or find_binary("kwok").parent / "kwok-stages.yaml"
+        kwok = find_binary("kwok")
+        if self.with_kwok and self.with_scheduler and kwok is not None:
+            stages = self.kwok_stages or kwok.parent / "kwok-stages.yaml"
             args = [
                 f"--kubeconfig={self.kubeconfig}",
                 "--manage-all-nodes=true",
@@ -432,7 +433,7 @@ class ControlPlane:
             stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
-        if out is not subprocess.DEVNULL:
+        if not isinstance(out, int):  # a log file, not DEVNULL
             out.close()
 
     def _check_alive(self) -> None:
