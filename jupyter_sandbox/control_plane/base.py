@@ -77,13 +77,6 @@ class KernelBusy(ClaimError):
     status = 409
 
 
-class StateNotSaved(ClaimError):
-    """The kernel's variables could not be saved before a suspend, which would lose them."""
-
-    reason = "KernelStateNotSaved"
-    status = 409
-
-
 class BackendUnavailable(ClaimError):
     reason = "BackendUnavailable"
     status = 503
@@ -99,7 +92,6 @@ ERRORS: dict[str, type[ClaimError]] = {
         QuotaExceeded,
         InvalidRequest,
         KernelBusy,
-        StateNotSaved,
         BackendUnavailable,
     )
 }
@@ -110,14 +102,6 @@ def kernel_busy_error(name: str) -> KernelBusy:
         f"the kernel of claim {name} is running a cell: suspending now would lose that "
         "cell and the kernel's variables",
         hint="wait until it finishes, interrupt it, or suspend with force",
-    )
-
-
-def state_not_saved_error(name: str, reason: str) -> StateNotSaved:
-    return StateNotSaved(
-        f"the kernel's variables of claim {name} could not be saved ({reason}): "
-        "suspending now would lose them",
-        hint="try again, shut the kernel down instead, or suspend with force",
     )
 
 
@@ -262,9 +246,7 @@ class ControlPlane(abc.ABC):
     async def suspend(self, name: str, *, force: bool = False) -> ClaimStatus:
         """Stop the sandbox's compute, keep its workspace.
 
-        Unless ``force``, a kernel running a cell is refused (KernelBusy), and so
-        is one whose variables cannot be saved first (StateNotSaved): a suspend
-        never loses work unless asked to.
+        A kernel running a cell is refused with KernelBusy unless ``force``.
         """
 
     @abc.abstractmethod

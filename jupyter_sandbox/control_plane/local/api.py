@@ -10,7 +10,7 @@ from typing import Any
 from tornado import web
 
 from ...router.tokens import Scope, TokenAuthority
-from ..base import ClaimNotFound, InvalidRequest, PoolNotFound
+from ..base import ClaimNotFound, InvalidRequest, PoolNotFound, kernel_busy_error
 from ..http_api import JsonHandler, claim_request_from_json
 from .controller import LocalController
 from .model import NAMESPACE, PoolSpec
@@ -132,7 +132,9 @@ class ClaimActionHandler(Handler):
             force = self.body().get("force", False)
             if not isinstance(force, bool):
                 raise InvalidRequest("force must be true or false")
-            await self.controller.suspend_claim(name, force=force)
+            if not force and await self.controller.kernel_busy(name):
+                raise kernel_busy_error(name)
+            self.controller.set_suspended(name, True)
         elif action == "resume":
             self.controller.set_suspended(name, False)
         elif action == "adopt":
