@@ -38,7 +38,7 @@ SYSTEM_NS = "jupyter-sandbox-system"
 SANDBOX_NS = "jupyter-sandboxes"
 MANAGER = "jupyter-sandbox-node-test"
 SECRET = "deploy-manifests-router-secret-0123456789abcdef0123"
-PVS = 6  # the example pool's 3 warm sandboxes + a claim's cold start + slack
+PVS = 10  # the example pool's 3 warm sandboxes + a refill for each of the 7 claims the tests make
 
 
 def manifest_documents(images: dict[str, str]) -> list[dict]:
