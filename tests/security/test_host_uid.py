@@ -12,12 +12,14 @@ its owner for any host user who runs it.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import stat
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -54,16 +56,30 @@ def test_a_root_daemons_sandbox_is_an_unprivileged_host_uid(client: SandboxClien
         run = sb.commands.run("python3 uid_map.py")
         mapping = {int(inside): int(host) for inside, host, _ in json.loads(run.stdout)}
         me = int(sb.commands.run("id -u").stdout)
-        # and on the host, every runtime (not bubblewrap, which sets them up) runs as that uid
+        # and on the host, this sandbox's runtime (not bubblewrap, which sets it up)
+        # runs as that uid. Only this one: a runtime another sandbox is starting at
+        # this moment (the pool refilling) has not made its first call yet.
+        status = asyncio.run(_status(sb.claim_name))
+        top = psutil.Process(int(status.resources["pid"]))
         runtimes = [
-            p.info["uids"].real
-            for p in psutil.process_iter(["uids", "cmdline"])
-            if (p.info["cmdline"] or [""])[0] == sys.executable
-            and "--runtime-dir" in p.info["cmdline"]
+            p.uids().real
+            for p in [top, *top.children(recursive=True)]
+            if (p.cmdline() or [""])[0] == sys.executable and "--runtime-dir" in p.cmdline()
         ]
     assert me == 1000
     assert mapping[me] == host_uid_setting() != 0, mapping
     assert runtimes and set(runtimes) == {host_uid_setting()}, runtimes
+
+
+async def _status(claim: str | None) -> Any:
+    from jupyter_sandbox.control_plane.local.client import LocalControlPlane
+
+    plane = LocalControlPlane()
+    try:
+        assert claim is not None
+        return await plane.status(claim)
+    finally:
+        await plane.close()
 
 
 SET_ID = """
