@@ -6,6 +6,8 @@ import hashlib
 import subprocess
 import sys
 import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -100,9 +102,11 @@ def test_a_kernelspec_for_a_pool_that_does_not_exist_is_flagged(tmp_path: Path) 
     assert result.returncode == 0 and "warning" not in result.stderr
 
 
-@pytest.mark.usefixtures("warm_daemon")
-async def test_jupyter_sandbox_lab_serves_sandboxed_kernels(tmp_path: Path) -> None:
-    """The README's run command: JupyterLab, sandbox kernelspecs, the culling-aware manager."""
+@asynccontextmanager
+async def lab_server(
+    tmp_path: Path, *extra: str, env: dict[str, str] | None = None
+) -> AsyncIterator[Server]:
+    """`jupyter-sandbox lab` as the README runs it, on a free port, once it answers."""
     port = free_port()
     token = uuid.uuid4().hex
     log = tmp_path / "lab.log"
@@ -113,6 +117,7 @@ async def test_jupyter_sandbox_lab_serves_sandboxed_kernels(tmp_path: Path) -> N
                 "-m",
                 "jupyter_sandbox.cli",
                 "lab",
+                *extra,
                 "--no-browser",
                 f"--port={port}",
                 "--ServerApp.ip=127.0.0.1",
@@ -122,6 +127,7 @@ async def test_jupyter_sandbox_lab_serves_sandboxed_kernels(tmp_path: Path) -> N
             ],
             stdout=handle,
             stderr=subprocess.STDOUT,
+            env=env,
         )
     server = Server(f"http://127.0.0.1:{port}", token, proc, tmp_path, log)
     try:
@@ -133,12 +139,23 @@ async def test_jupyter_sandbox_lab_serves_sandboxed_kernels(tmp_path: Path) -> N
                 return False
 
         await wait_for(up, 90)
+        yield server
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+@pytest.mark.usefixtures("warm_daemon")
+async def test_jupyter_sandbox_lab_serves_sandboxed_kernels(tmp_path: Path) -> None:
+    """The README's run command: JupyterLab, sandbox kernelspecs, the culling-aware manager."""
+    async with lab_server(tmp_path) as server:
+        log = server.log
         specs = await server.request("GET", "/api/kernelspecs")
         assert specs["default"] == "sandbox-default", "File > New makes a sandboxed notebook"
         spec = specs["kernelspecs"]["sandbox-default"]["spec"]
         assert spec["display_name"] == "Python 3 (sandbox: default)"
         assert spec["metadata"]["kernel_provisioner"]["provisioner_name"] == "sandbox-provisioner"
-        page = await httpclient.AsyncHTTPClient().fetch(f"{server.url}/lab?token={token}")
+        page = await httpclient.AsyncHTTPClient().fetch(f"{server.url}/lab?token={server.token}")
         assert b"JupyterLab" in page.body
         kernel_id = await start_kernel(server)
         model = await server.request("GET", f"/api/sandbox/kernels/{kernel_id}", expect=200)
@@ -156,9 +173,6 @@ async def test_jupyter_sandbox_lab_serves_sandboxed_kernels(tmp_path: Path) -> N
         if "limits" in isolation:
             assert not any(line.startswith("  limits") for line in lines), said[:3000]
         assert "suspended after 60 min, open tabs or not" in said
-    finally:
-        proc.terminate()
-        proc.wait(30)
 
 
 def test_help_is_plain_text_with_help_for_each_command() -> None:
@@ -309,40 +323,14 @@ async def test_lab_leaves_the_users_culling_settings_alone(tmp_path: Path) -> No
     (config / "jupyter_server_config.json").write_text(
         json.dumps({"MappingKernelManager": {"cull_idle_timeout": 120}})
     )
-    port = free_port()
-    token = uuid.uuid4().hex
-    log = tmp_path / "lab.log"
-    with open(log, "wb") as handle:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "jupyter_sandbox.cli",
-                "lab",
-                "--no-browser",
-                f"--port={port}",
-                "--ServerApp.ip=127.0.0.1",
-                "--allow-root",
-                f"--IdentityProvider.token={token}",
-                f"--ServerApp.root_dir={tmp_path}",
-            ],
-            stdout=handle,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, "JUPYTER_CONFIG_DIR": str(config)},
-        )
-    server = Server(f"http://127.0.0.1:{port}", token, proc, tmp_path, log)
-    try:
-
-        async def up() -> bool:
-            try:
-                return bool(await server.request("GET", "/api/status"))
-            except (OSError, ValueError):
-                return False
+    async with lab_server(
+        tmp_path, env={**os.environ, "JUPYTER_CONFIG_DIR": str(config)}
+    ) as server:
+        log = server.log
 
         async def culling_started() -> bool:
             return "Culling kernels" in log.read_text()
 
-        await wait_for(up, 90)
         kernel_id = await start_kernel(server)  # the culler starts with the first kernel
         await wait_for(culling_started, 30)
         await server.request("DELETE", f"/api/kernels/{kernel_id}", expect=204)
@@ -350,44 +338,12 @@ async def test_lab_leaves_the_users_culling_settings_alone(tmp_path: Path) -> No
         assert "suspended after 2 min, open tabs or not" in said, said[:3000]
         # the server itself culls after the user's 120 s, at lab's default interval
         assert "idle durations > 120 seconds at 300 second intervals" in said, said[-3000:]
-    finally:
-        proc.terminate()
-        proc.wait(30)
 
 
 async def test_lab_sandbox_only_offers_nothing_else(tmp_path: Path) -> None:
     """--sandbox-only: only sandbox kernelspecs, any kernel name sandboxed, no host terminal."""
-    port = free_port()
-    token = uuid.uuid4().hex
-    log = tmp_path / "lab.log"
-    with open(log, "wb") as handle:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "jupyter_sandbox.cli",
-                "lab",
-                "--sandbox-only",
-                "--no-browser",
-                f"--port={port}",
-                "--ServerApp.ip=127.0.0.1",
-                "--allow-root",
-                f"--IdentityProvider.token={token}",
-                f"--ServerApp.root_dir={tmp_path}",
-            ],
-            stdout=handle,
-            stderr=subprocess.STDOUT,
-        )
-    server = Server(f"http://127.0.0.1:{port}", token, proc, tmp_path, log)
-    try:
-
-        async def up() -> bool:
-            try:
-                return bool(await server.request("GET", "/api/status"))
-            except (OSError, ValueError):
-                return False
-
-        await wait_for(up, 90)
+    async with lab_server(tmp_path, "--sandbox-only") as server:
+        log = server.log
         specs = await server.request("GET", "/api/kernelspecs")
         assert specs["default"] == "sandbox-default"
         assert specs["kernelspecs"] and all(
@@ -398,6 +354,3 @@ async def test_lab_sandbox_only_offers_nothing_else(tmp_path: Path) -> None:
         )
         assert terminals.code == 404, "no shell on this machine"
         assert "sandbox only: kernels sandbox-default" in log.read_text()
-    finally:
-        proc.terminate()
-        proc.wait(30)
