@@ -256,6 +256,17 @@ def _router_pod_ip(core) -> str:
     return ready[0].status.pod_ip
 
 
+async def execute(kc, code: str) -> dict:
+    """Run ``code`` on a kernel client; its execute_result's data."""
+    msg_id = kc.execute(code)
+    reply = await kc.get_shell_msg(timeout=120)
+    assert reply["content"]["status"] == "ok", reply["content"]
+    while True:
+        msg = await kc.get_iopub_msg(timeout=120)
+        if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == ("execute_result"):
+            return msg["content"]["data"]
+
+
 def test_operator_and_router_run_in_cluster(kube_node_cluster, deployed):
     core, apps, kube = deployed["core"], deployed["apps"], deployed["kube"]
     # the Deployments' pods run our image on the real node, in-cluster config
@@ -336,17 +347,6 @@ async def test_notebook_through_deployed_router(kube_node_cluster, deployed, tmp
     spec = make_kernelspec("python", backend="kubernetes", backend_options=options)
     (kdir / "kernel.json").write_text(json.dumps(spec))
     ksm = KernelSpecManager(kernel_dirs=[str(tmp_path / "kernels")])
-
-    async def execute(kc, code: str) -> dict:
-        msg_id = kc.execute(code)
-        reply = await kc.get_shell_msg(timeout=120)
-        assert reply["content"]["status"] == "ok", reply["content"]
-        while True:
-            msg = await kc.get_iopub_msg(timeout=120)
-            if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == (
-                "execute_result"
-            ):
-                return msg["content"]["data"]
 
     km = AsyncKernelManager(kernel_name="sbdeploy", kernel_spec_manager=ksm)
     t0 = time.perf_counter()
@@ -593,17 +593,6 @@ async def test_hub_users_through_the_deployed_claim_service(
     monkeypatch.setenv("JUPYTERHUB_USER", "alice")
     monkeypatch.setenv("JUPYTERHUB_API_TOKEN", hub.tokens["alice"])
     monkeypatch.setenv("KUBECONFIG", str(tmp_path / "none"))  # no credentials here
-
-    async def execute(kc, code: str) -> dict:
-        msg_id = kc.execute(code)
-        reply = await kc.get_shell_msg(timeout=120)
-        assert reply["content"]["status"] == "ok", reply["content"]
-        while True:
-            msg = await kc.get_iopub_msg(timeout=120)
-            if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == (
-                "execute_result"
-            ):
-                return msg["content"]["data"]
 
     ksm = KernelSpecManager(kernel_dirs=[str(kernels)])
     km = AsyncKernelManager(kernel_name="sandbox-python", kernel_spec_manager=ksm)
