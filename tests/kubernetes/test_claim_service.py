@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.helpers import free_port
+from tests.helpers import free_port, wait_listening
 from tests.hub.hubprocess import Hub, running_hub
 from tests.hub.test_deploy_values import grant
 from tests.kubernetes.test_rbac import sa_kubeconfig
@@ -81,16 +80,9 @@ def claim_service(
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert proc.poll() is None, log_path.read_text()
-            assert time.monotonic() < deadline, "claim service not listening"
-            time.sleep(0.1)
+        # it listens only once its credentials and Role have answered
+        wait_listening(proc, port, log_path, "the claim service")
+        assert httpx.get(f"{url}/healthz", timeout=10).status_code == 200
         yield url
     finally:
         proc.terminate()
