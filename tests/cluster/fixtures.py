@@ -158,6 +158,12 @@ class KubeNodeCluster(KubeCluster):
         assert self.images
         return self.images["operator"]
 
+    @property
+    def singleuser_image(self) -> str:
+        """The z2jh single-user image (``deploy/jupyterhub/Dockerfile``)."""
+        assert self.images
+        return self.images["singleuser"]
+
 
 @pytest.fixture(scope="session")
 def kube_node_cluster():

@@ -1,11 +1,11 @@
 """Container images for the real-node test cluster, built without a registry
 or a daemon, as OCI image-layout archives that ``ctr images import`` reads:
 
-* ``runtime`` and ``operator``: ``deploy/docker/Dockerfile.runtime`` and
-  ``Dockerfile.operator`` built by Debian's ``buildah`` (chroot isolation, its
-  own storage under the cache) from this checkout, exactly as users build them,
-  so the tests run what deploy/ ships.  The runtime image is built with
-  ``EXTRA_PACKAGES=""`` (the tests need no numpy).
+* ``runtime``, ``operator`` and ``singleuser``: ``deploy/docker/Dockerfile.runtime``,
+  ``Dockerfile.operator`` and ``deploy/jupyterhub/Dockerfile`` built by Debian's
+  ``buildah`` (chroot isolation, its own storage under the cache) from this
+  checkout, exactly as users build them, so the tests run what deploy/ ships.
+  The runtime image is built with ``EXTRA_PACKAGES=""`` (the tests need no numpy).
 * ``python``: their ``PYTHON_IMAGE``, a local stand-in for ``python:3.11-slim``
   (no registry here): a ``debootstrap --variant=minbase`` root with Debian's
   python3 and pip, the same suite as the host.
@@ -17,7 +17,7 @@ inputs: the base by (suite, mirror, packages, recipe version), a Dockerfile's
 image by the Dockerfile, its build arguments, the base and the hash of every
 file its ``COPY`` lines take.  A warm run only re-hashes those files.
 
-    python -m tests.cluster.images            # build all three, print the archive paths
+    python -m tests.cluster.images            # build them all, print the archive paths
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ RECIPE_VERSION = "2"
 RUNTIME_REPO = "jupyter-sandbox.local/runtime"
 PAUSE_REPO = "jupyter-sandbox.local/pause"
 OPERATOR_REPO = "jupyter-sandbox.local/operator"
+SINGLEUSER_REPO = "jupyter-sandbox.local/singleuser"
 PYTHON_REPO = "jupyter-sandbox.local/python"
 # python-is-python3: the Dockerfiles run `python ...`, as in the official image
 DEBIAN_PACKAGES = ("python3", "python3-pip", "python-is-python3")
@@ -122,7 +123,13 @@ def _ignored(rel: Path) -> bool:
     return (
         "__pycache__" in rel.parts
         or rel.suffix in (".pyc", ".pyo")
-        or rel.parts[:2] == ("jupyter_sandbox", "labextension")
+        or rel.parts[:2]
+        in (
+            ("jupyter_sandbox", "labextension"),
+            ("labextension", "node_modules"),
+            ("labextension", "lib"),
+            ("labextension", "tsconfig.tsbuildinfo"),
+        )
     )
 
 
@@ -422,11 +429,14 @@ def _file_sha(p: Path) -> str:
     return hashlib.sha256(p.read_bytes()).hexdigest()
 
 
-def dockerfile_image(dockerfile: str, repo: str, build_args: dict[str, str]) -> Image:
-    """``deploy/docker/<dockerfile>`` built by buildah from this checkout, on
-    :func:`python_image`, as an OCI archive for ``ctr images import``.  Cached by
-    the Dockerfile, the build arguments, the base and the files it copies."""
-    df = REPO / "deploy" / "docker" / dockerfile
+def dockerfile_image(
+    dockerfile: str, repo: str, build_args: dict[str, str], base_arg: str = "PYTHON_IMAGE"
+) -> Image:
+    """``deploy/<dockerfile>`` built by buildah from this checkout, on
+    :func:`python_image` (given as the build argument ``base_arg``), as an OCI
+    archive for ``ctr images import``.  Cached by the Dockerfile, the build
+    arguments, the base and the files it copies."""
+    df = REPO / "deploy" / dockerfile
     base = python_image()
     files = context_files(df)
     key = _sha(
@@ -447,7 +457,7 @@ def dockerfile_image(dockerfile: str, repo: str, build_args: dict[str, str]) -> 
     shutil.rmtree(layout, ignore_errors=True)
     t0 = time.monotonic()
     args = [a for k, v in sorted(build_args.items()) for a in ("--build-arg", f"{k}={v}")]
-    log(f"buildah build -f deploy/docker/{dockerfile} {' '.join(args)}")
+    log(f"buildah build -f deploy/{dockerfile} {' '.join(args)}")
     try:
         subprocess.run(
             [
@@ -457,7 +467,7 @@ def dockerfile_image(dockerfile: str, repo: str, build_args: dict[str, str]) -> 
                 "--isolation",
                 "chroot",
                 "--build-arg",
-                f"PYTHON_IMAGE=oci-archive:{base.archive}",
+                f"{base_arg}=oci-archive:{base.archive}",
                 *args,
                 "-f",
                 str(df),
@@ -499,13 +509,31 @@ def dockerfile_image(dockerfile: str, repo: str, build_args: dict[str, str]) -> 
 def runtime_image() -> Image:
     """``deploy/docker/Dockerfile.runtime`` without its everyday notebook
     libraries (``EXTRA_PACKAGES``): the tests need none of them."""
-    return dockerfile_image("Dockerfile.runtime", RUNTIME_REPO, {"EXTRA_PACKAGES": ""})
+    return dockerfile_image("docker/Dockerfile.runtime", RUNTIME_REPO, {"EXTRA_PACKAGES": ""})
 
 
 def operator_image() -> Image:
     """``deploy/docker/Dockerfile.operator``: ``jupyter-sandbox operator``, and
     ``jupyter-sandbox router`` for the router Deployment."""
-    return dockerfile_image("Dockerfile.operator", OPERATOR_REPO, {})
+    return dockerfile_image("docker/Dockerfile.operator", OPERATOR_REPO, {})
+
+
+def singleuser_image() -> Image:
+    """``deploy/jupyterhub/Dockerfile`` (the z2jh single-user image) on the local
+    Python base instead of the z2jh sample: JupyterHub (the hub's own version)
+    added, no JupyterLab and no npm build (the tests drive the server's API)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        hub = f"jupyterhub=={version('jupyterhub')}"
+    except PackageNotFoundError:
+        hub = "jupyterhub>=5"
+    return dockerfile_image(
+        "jupyterhub/Dockerfile",
+        SINGLEUSER_REPO,
+        {"SKIP_JUPYTER_BUILDER": "1", "EXTRA_PACKAGES": hub},
+        base_arg="BASE",
+    )
 
 
 def pause_image() -> Image:
@@ -519,7 +547,7 @@ def pause_image() -> Image:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tests.cluster.images")
-    p.add_argument("which", nargs="*", default=["pause", "runtime", "operator"])
+    p.add_argument("which", nargs="*", default=["pause", "runtime", "operator", "singleuser"])
     a = p.parse_args(argv)
     for w in a.which:
         t0 = time.monotonic()
@@ -528,6 +556,7 @@ def main(argv: list[str] | None = None) -> int:
             "python": python_image,
             "runtime": runtime_image,
             "operator": operator_image,
+            "singleuser": singleuser_image,
         }[w]()
         log(f"{w}: {img.name} ({time.monotonic() - t0:.1f}s)")
         print(img.name, img.archive)

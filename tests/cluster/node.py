@@ -15,9 +15,9 @@ kwok, which would otherwise claim the node) as one node that runs real pods:
   cgroup v1 host, its own cgroup root, pod logs, root and cert dirs in the work
   directory, ``makeIPTablesUtilChains: false``), authenticating with the
   control plane's static token;
-* the pause, runtime and operator images from :mod:`tests.cluster.images` (the
-  latter two built from ``deploy/docker`` by buildah), imported with
-  ``ctr -n k8s.io images import``.
+* the pause, runtime, operator and single-user images from
+  :mod:`tests.cluster.images` (the others built from ``deploy/docker`` and
+  ``deploy/jupyterhub`` by buildah), imported with ``ctr -n k8s.io images import``.
 
 :meth:`Node.stop` (and :func:`teardown` from a state file) is idempotent and
 leaves nothing behind: processes (kubelet, containerd, shims, every process
@@ -607,8 +607,10 @@ class Node:
         self.images = {"pause": pause.name, "runtime": runtime.name}
         if self.kube_proxy:  # pods can use the API: our operator/router image too
             operator = images.operator_image()
-            wanted.append(operator)
+            singleuser = images.singleuser_image()
+            wanted += [operator, singleuser]
             self.images["operator"] = operator.name
+            self.images["singleuser"] = singleuser.name
         self.timings["images"] = time.monotonic() - t0
 
         t = time.monotonic()

@@ -72,14 +72,52 @@ class Hub:
     def log(self) -> Path:
         return self.root / "hub.log"
 
+    async def user_model(self, user: str) -> dict[str, Any]:
+        return json.loads((await self.api("GET", f"/hub/api/users/{user}")).body)
+
+    async def start_server(self, user: str, timeout: float = 300) -> dict[str, Any]:
+        """Spawn ``user``'s default server; its model once the hub calls it ready."""
+        response = await self.api("POST", f"/hub/api/users/{user}/server")
+        assert response.code in (201, 202), response.body
+        return await self.wait_ready(user, timeout)
+
+    async def wait_ready(self, user: str, timeout: float) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while True:
+            server = (await self.user_model(user)).get("servers", {}).get("", {})
+            if server.get("ready"):
+                return server
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{user}'s server did not start:\n{self.log.read_text()}")
+            await asyncio.sleep(0.5)
+
+    async def stop_server(self, user: str, *, wait: bool = True, timeout: float = 60) -> None:
+        await self.api("DELETE", f"/hub/api/users/{user}/server")
+        if wait:
+            await self.wait_stopped(user, timeout)
+
+    async def wait_stopped(self, user: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while (await self.user_model(user)).get("servers"):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{user}'s server did not stop:\n{self.log.read_text()}")
+            await asyncio.sleep(0.5)
+
 
 @contextmanager
 def running_hub(
-    root: Path, users: tuple[str, ...], *, spawn: bool, api_ip: str = "127.0.0.1"
+    root: Path,
+    users: tuple[str, ...],
+    *,
+    spawn: bool,
+    api_ip: str = "127.0.0.1",
+    config: str = "hubconfig.py",
+    env: dict[str, str] | None = None,
 ) -> Iterator[Hub]:
     """JupyterHub with ``users`` and an API token each; with ``spawn`` their
     single-user servers too (stopped again on exit).  The hub's own API listens
-    on ``api_ip``."""
+    on ``api_ip``.  ``config`` is a file here (``kubehubconfig.py``: KubeSpawner,
+    its settings in ``env``)."""
     chp = find_chp()
     if chp is None:
         message = "configurable-http-proxy not found (npm install -g configurable-http-proxy)"
@@ -92,6 +130,7 @@ def running_hub(
     port, api_port, proxy_api_port = free_ports(3)
     env = {
         **os.environ,
+        **(env or {}),
         "JSBX_HUB_ROOT": str(root),
         "JSBX_HUB_PORT": str(port),
         "JSBX_HUB_API_PORT": str(api_port),
@@ -102,7 +141,7 @@ def running_hub(
     }
     log = open(root / "hub.log", "wb")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "jupyterhub", "-f", str(HERE / "hubconfig.py")],
+        [sys.executable, "-m", "jupyterhub", "-f", str(HERE / config)],
         cwd=root,
         env=env,
         stdout=log,
@@ -162,27 +201,15 @@ async def _spawn_servers(hub: Hub) -> None:
     for user in hub.users:
         response = await hub.api("POST", f"/hub/api/users/{user}/server")
         assert response.code in (201, 202), response.body
-    deadline = time.monotonic() + 180
     for user in hub.users:
-        while True:
-            model = json.loads((await hub.api("GET", f"/hub/api/users/{user}")).body)
-            if model.get("servers", {}).get("", {}).get("ready"):
-                break
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{user}'s server did not start:\n{hub.log.read_text()}")
-            await asyncio.sleep(0.5)
+        await hub.wait_ready(user, 180)
 
 
 async def _stop_servers(hub: Hub) -> None:
     for user in hub.users:
-        await hub.api("DELETE", f"/hub/api/users/{user}/server")
-    deadline = time.monotonic() + 60
+        await hub.stop_server(user, wait=False)
     for user in hub.users:
-        while time.monotonic() < deadline:
-            model = json.loads((await hub.api("GET", f"/hub/api/users/{user}")).body)
-            if not model.get("servers"):
-                break
-            await asyncio.sleep(0.5)
+        await hub.wait_stopped(user, 60)
 
 
 def _kill_leftovers(root: Path) -> None:

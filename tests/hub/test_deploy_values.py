@@ -47,11 +47,38 @@ def test_kernelspec_and_server_config() -> None:
     name = Path(files["sandbox-kernelspec"]["mountPath"]).parent.name
     server = json.loads(files["sandbox-server-config"]["stringData"])
     assert server["KernelSpecManager"]["allowed_kernelspecs"] == [name]
+    assert server["MappingKernelManager"]["default_kernel_name"] == name
     assert (
         server["KernelProvisionerFactory"]["default_provisioner_name"]
         == (spec["metadata"]["kernel_provisioner"]["provisioner_name"])
     )
     assert server["ServerApp"]["kernel_manager_class"].endswith("SandboxKernelManager")
+
+
+def test_the_server_settings_are_where_jupyter_server_reads_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server settings file, mounted where values.yaml mounts it under a
+    config directory, is what a starting Jupyter server runs with (a file in
+    jupyter_server_config.d/ was read for extension switches only: no sandbox
+    kernel manager, and the pod's own Python kernel was offered)."""
+    from jupyter_server.serverapp import ServerApp
+
+    files = values()["singleuser"]["extraFiles"]
+    mount = Path(files["sandbox-server-config"]["mountPath"])
+    config_dir = Path("/usr/local/etc/jupyter")
+    assert mount.is_relative_to(config_dir), mount
+    target = tmp_path / "etc" / mount.relative_to(config_dir)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(files["sandbox-server-config"]["stringData"])
+    monkeypatch.setenv("JUPYTER_CONFIG_DIR", str(tmp_path / "etc"))
+    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path / "runtime"))
+    app = ServerApp(root_dir=str(tmp_path))
+    app.load_config_file()
+    server = json.loads(files["sandbox-server-config"]["stringData"])
+    for section, settings in server.items():
+        for name, value in settings.items():
+            assert app.config[section][name] == value, (section, name)
 
 
 ADMISSION = ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")

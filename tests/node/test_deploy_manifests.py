@@ -108,13 +108,32 @@ def _delete_quietly(fn, *args) -> None:
             raise
 
 
+SINGLEUSER_FILES = "singleuser-extra-files"
+
+
 @pytest.fixture(scope="module")
-def hub(tmp_path_factory) -> Iterator[Hub]:
+def hub(kube_node_cluster, tmp_path_factory) -> Iterator[Hub]:
     """A real JupyterHub with users alice and bob; its API listens on all addresses
-    so that router pods reach it on the node's bridge address (which exists only
-    once the first pod is networked)."""
+    so that pods reach it on the node's bridge address (which exists only once the
+    first pod is networked).  It spawns with KubeSpawner as z2jh does
+    (tests/hub/kubehubconfig.py): servers are pods of the single-user image, with
+    values.yaml's extraFiles from the Secret ``SINGLEUSER_FILES``."""
+    values = yaml.safe_load((DEPLOY / "jupyterhub" / "values.yaml").read_text())
+    files = {k: v["mountPath"] for k, v in values["singleuser"]["extraFiles"].items()}
+    kube = {
+        "namespace": SANDBOX_NS,
+        "image": kube_node_cluster.singleuser_image,
+        "connect_ip": kube_node_cluster.node.node_ip,
+        "files_secret": SINGLEUSER_FILES,
+        "files": files,
+    }
     with running_hub(
-        tmp_path_factory.mktemp("hub"), ("alice", "bob"), spawn=False, api_ip="0.0.0.0"
+        tmp_path_factory.mktemp("hub"),
+        ("alice", "bob"),
+        spawn=False,
+        api_ip="0.0.0.0",
+        config="kubehubconfig.py",
+        env={"JSBX_HUB_KUBE": json.dumps(kube), "KUBECONFIG": str(kube_node_cluster.kubeconfig)},
     ) as hub:
         yield hub
 
@@ -487,6 +506,10 @@ def test_sdk_local_tunnel_to_deployed_router(kube_node_cluster, deployed, tmp_pa
         client.close()
 
 
+# low enough to reach with real pods in the KubeSpawner test
+MAX_CLAIMS_PER_USER = 2
+
+
 def claim_service_documents(images: dict[str, str], hub_url: str, router_url: str) -> list[dict]:
     """deploy/jupyterhub's rbac.yaml and claim-service.yaml, moved from the recipe's
     namespace to the sandboxes', with the hub and router URLs of this node."""
@@ -502,12 +525,13 @@ def claim_service_documents(images: dict[str, str], hub_url: str, router_url: st
                 subject["namespace"] = SANDBOX_NS
             if doc["kind"] == "Deployment":
                 env = doc["spec"]["template"]["spec"]["containers"][0]["env"]
-                urls = {
+                settings = {
                     "CLAIM_SERVICE_HUB_API_URL": hub_url,
                     "CLAIM_SERVICE_ROUTER_URL": router_url,
+                    "CLAIM_SERVICE_MAX_CLAIMS_PER_USER": str(MAX_CLAIMS_PER_USER),
                 }
                 for var in env:
-                    var["value"] = urls.get(var["name"], var.get("value"))
+                    var["value"] = settings.get(var["name"], var.get("value"))
             docs.append(doc)
     return docs
 
@@ -547,6 +571,8 @@ def claim_service(kube_node_cluster, deployed, hub) -> Iterator[dict[str, str]]:
             raise AssertionError(f"{exc}; its logs: {logs}") from None
         pods = core.list_namespaced_pod(SANDBOX_NS, label_selector=selector).items
         (pod,) = [p for p in pods if pod_ready(p)]
+        # the pod's address serves the host and pods alike (this node does not
+        # forward between pods, so a Service's ClusterIP reaches only the host)
         yield {"url": f"http://{pod.status.pod_ip}:8090", "router_url": router_url}
     finally:
         deletes = {
@@ -699,3 +725,229 @@ async def test_a_restarted_hub_server_takes_back_only_its_users_kernels(
     for c in kube.list(CLAIM):
         kube.delete(CLAIM, c["metadata"]["name"])
     wait_for(lambda: not kube.list(CLAIM), 60, what="claims deleted")
+
+
+def singleuser_files(service_url: str) -> dict[str, str]:
+    """values.yaml's singleuser.extraFiles (Secret key -> content), the
+    kernelspec pointed at the claim service's ``service_url``."""
+    values = yaml.safe_load((DEPLOY / "jupyterhub" / "values.yaml").read_text())
+    files = {k: v["stringData"] for k, v in values["singleuser"]["extraFiles"].items()}
+    spec = json.loads(files["sandbox-kernelspec"])
+    spec["metadata"]["kernel_provisioner"]["config"]["backend_options"]["claim_service_url"] = (
+        service_url
+    )
+    files["sandbox-kernelspec"] = json.dumps(spec)
+    return files
+
+
+def exec_in_pod(core, pod: str, command: list[str]) -> str:
+    """``command`` in ``pod``'s container (what ``kubectl exec`` does): its output."""
+    from kubernetes.stream import stream
+
+    return stream(
+        core.connect_get_namespaced_pod_exec,
+        pod,
+        SANDBOX_NS,
+        command=command,
+        stdout=True,
+        stderr=True,
+        stdin=False,
+        tty=False,
+        _request_timeout=180,
+    )
+
+
+def _restart_count(core, pod: str) -> int:
+    statuses = core.read_namespaced_pod(pod, SANDBOX_NS).status.container_statuses or []
+    return sum(s.restart_count for s in statuses)
+
+
+def _kill_server_of(core, user: str) -> None:
+    """SIGKILL ``user``'s single-user server from the host (in its pod it is pid 1,
+    which no signal from inside can kill)."""
+    import psutil
+
+    for proc in psutil.process_iter(["cmdline"]):
+        if not any("jupyterhub-singleuser" in part for part in proc.info["cmdline"] or []):
+            continue
+        try:
+            if proc.environ().get("JUPYTERHUB_USER") == user:
+                proc.kill()
+                return
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    raise AssertionError(f"no single-user server of {user}'s on this host")
+
+
+def user_claims(kube: Kube, user: str) -> dict[str, dict]:
+    return {
+        c["metadata"]["name"]: c
+        for c in kube.list(CLAIM)
+        if c["metadata"]["annotations"].get("jupyter-sandbox/user") == user
+    }
+
+
+async def test_kubespawner_users_cannot_reach_each_others_kernels(
+    kube_node_cluster, deployed, claim_service, hub
+):
+    """zero-to-jupyterhub for real: KubeSpawner runs alice's and bob's servers in
+    pods of deploy/jupyterhub/Dockerfile's image, set up as values.yaml says (no
+    service-account token; kernelspec and server settings mounted as extraFiles).
+    Each opens a notebook whose kernel is claimed through the claim service.
+    From inside alice's pod, every route to bob's kernel is refused: the claim
+    service, the router, bob's sandbox pod and server pod by IP, the Kubernetes
+    API, the hub.  Over her limit alice gets the reason in JupyterLab's answer.
+    Her pod killed and her server started again, it takes back her kernels (a
+    variable intact), and bob's kernel never noticed."""
+    from kubernetes import client
+
+    from jupyter_sandbox.protocol import runtime_auth
+    from tests.helpers import KernelSocket
+    from tests.helpers import wait_for as twait
+
+    core, kube = deployed["core"], deployed["kube"]
+    secret = client.V1Secret(
+        metadata=client.V1ObjectMeta(name=SINGLEUSER_FILES),
+        string_data=singleuser_files(claim_service["url"]),
+    )
+    core.create_namespaced_secret(SANDBOX_NS, secret)
+    alice, bob = hub.server("alice"), hub.server("bob")
+
+    async def open_notebook(server, path: str) -> str:
+        """What JupyterLab does when a notebook is opened: a session; its kernel id."""
+        body = {"path": path, "type": "notebook", "kernel": {"name": "sandbox-python"}}
+        model = await server.request("POST", "/api/sessions", body, expect=201, timeout=240)
+        return str(model["kernel"]["id"])
+
+    async def run(server, kernel_id: str, code: str) -> str:
+        ws = await KernelSocket(server, kernel_id).connect()
+        try:
+            result = await ws.execute(code)
+        finally:
+            ws.close()
+        return result.stdout.strip()
+
+    try:
+        for user in ("alice", "bob"):
+            response = await hub.api("POST", f"/hub/api/users/{user}/server")
+            assert response.code in (201, 202), response.body
+        for user in ("alice", "bob"):
+            await hub.wait_ready(user, 300)
+        pods = {u: core.read_namespaced_pod(f"jupyter-{u}", SANDBOX_NS) for u in ("alice", "bob")}
+        assert pods["alice"].spec.automount_service_account_token is False
+        # only the sandbox kernel is offered: none runs in the user's pod
+        specs = await alice.request("GET", "/api/kernelspecs")
+        assert (specs["default"], list(specs["kernelspecs"])) == (
+            "sandbox-python",
+            ["sandbox-python"],
+        )
+
+        bobs_kernel = await open_notebook(bob, "bob.ipynb")
+        assert await run(bob, bobs_kernel, "secret = 'bob'; print(secret)") == "bob"
+        alices_kernel = await open_notebook(alice, "alice.ipynb")
+        assert await run(alice, alices_kernel, "x = 41 + 1; print(x)") == "42"
+        (bobs_claim,) = user_claims(kube, "bob").values()
+        bobs_sandbox = bobs_claim["status"]["sandbox"]["name"]
+        bobs_sandbox_pod = sandbox_pod(kube, bobs_sandbox)
+        assert bobs_sandbox_pod is not None
+
+        # the attack, from inside alice's pod
+        target = {
+            "claim_service": claim_service["url"],
+            "router": claim_service["router_url"],
+            "claim": bobs_claim["metadata"]["name"],
+            "sandbox": bobs_sandbox,
+            "sandbox_ip": bobs_sandbox_pod.status.pod_ip,
+            "server_ip": pods["bob"].status.pod_ip,
+            "user": "bob",
+            "namespace": SANDBOX_NS,
+            "runtime_header": runtime_auth.HEADER,
+        }
+        script = (Path(__file__).parent / "pod_attack.py").read_text()
+        output = exec_in_pod(core, "jupyter-alice", ["python", "-c", script, json.dumps(target)])
+        got = json.loads(output.strip().splitlines()[-1])
+        listed = got.pop("service list")
+        assert isinstance(listed, dict) and listed["status"] == 200, listed
+        names = [c["name"] for c in json.loads(listed["body"])["items"]]
+        assert names == list(user_claims(kube, "alice")), names
+        refused = {
+            "service get": {404},
+            "service suspend": {404},
+            "service resume": {404},
+            "service delete": {404},
+            "router": {403},
+            "pod ip kernel": {401, 403},
+            "pod ip channels": {401, 403},
+            "pod ip variables": {401, 403},
+            "pod ip execute": {401, 403},
+            "pod ip with hub token": {401, 403},
+            "server kernels": {403},
+            "server sessions": {403},
+            "service account token": {False},
+            "kube claims": {401, 403},
+            "kube claims with hub token": {401},
+            "kube pods": {401, 403},
+            "kube pods with hub token": {401},
+            "hub user": {403, 404},
+            "hub token": {403, 404},
+        }
+        wrong = {k: v for k, v in got.items() if v not in refused[k]}
+        assert not wrong and set(got) == set(refused), (wrong, got)
+        # bob never noticed
+        assert kube.get(CLAIM, bobs_claim["metadata"]["name"]) is not None
+        assert sandbox_pod(kube, bobs_sandbox).metadata.uid == bobs_sandbox_pod.metadata.uid
+        assert await run(bob, bobs_kernel, "print(secret)") == "bob"
+
+        # over her limit: JupyterLab's session request answers with the reason
+        second = await open_notebook(alice, "second.ipynb")
+        assert len(user_claims(kube, "alice")) == MAX_CLAIMS_PER_USER
+        body = {"path": "third.ipynb", "type": "notebook", "kernel": {"name": "sandbox-python"}}
+        answer = json.dumps(await alice.request("POST", "/api/sessions", body, timeout=240))
+        assert f"alice already has {MAX_CLAIMS_PER_USER} sandboxed kernels" in answer, answer
+        assert "shut down a kernel you no longer need" in answer, answer
+        assert len(user_claims(kube, "alice")) == MAX_CLAIMS_PER_USER
+
+        # alice's server dies at once (SIGKILL: out of memory, a crash): kubelet
+        # starts it again in her pod, and it takes back her kernels, and only hers
+        restarts = _restart_count(core, "jupyter-alice")
+        _kill_server_of(core, "alice")
+        wait_for(
+            lambda: _restart_count(core, "jupyter-alice") > restarts,
+            120,
+            what="alice's server restarted",
+        )
+        await hub.wait_ready("alice", 300)
+
+        async def reattached() -> bool:
+            try:
+                kernels = await alice.request("GET", "/api/kernels")
+            except json.JSONDecodeError:  # the hub's page: her server is not back yet
+                return False
+            return sorted(k["id"] for k in kernels) == sorted([alices_kernel, second])
+
+        try:
+            await twait(reattached, 120)
+        except TimeoutError:
+            log = core.read_namespaced_pod_log("jupyter-alice", SANDBOX_NS)[-4000:]
+            claims = {n: c["metadata"]["labels"] for n, c in user_claims(kube, "alice").items()}
+            kernels = await alice.request("GET", "/api/kernels")
+            raise AssertionError(
+                f"not re-attached: {kernels}; claims {claims}; log {log}"
+            ) from None
+        assert await run(alice, alices_kernel, "print(x)") == "42"
+        assert [c["metadata"]["uid"] for c in user_claims(kube, "bob").values()] == [
+            bobs_claim["metadata"]["uid"]
+        ]
+        assert await run(bob, bobs_kernel, "print(secret)") == "bob"
+        for server, kernel in ((alice, alices_kernel), (alice, second), (bob, bobs_kernel)):
+            await server.request("DELETE", f"/api/kernels/{kernel}", expect=204)
+        wait_for(lambda: not kube.list(CLAIM), 120, what="claims deleted")
+    finally:
+        for user in ("alice", "bob"):
+            try:
+                await hub.stop_server(user, timeout=120)
+            except RuntimeError:
+                pass
+        _delete_quietly(core.delete_namespaced_secret, SINGLEUSER_FILES, SANDBOX_NS)
+        for c in kube.list(CLAIM):
+            kube.delete(CLAIM, c["metadata"]["name"])
