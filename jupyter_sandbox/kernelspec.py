@@ -55,7 +55,7 @@ def make_kernelspec(
         "interrupt_mode": "message",
         "env": {},
         "metadata": {
-            "debugger": False,
+            "debugger": True,
             "kernel_provisioner": {"provisioner_name": PROVISIONER_NAME, "config": config},
             "jupyter_sandbox": {"pool": pool, "backend": backend},
         },

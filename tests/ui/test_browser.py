@@ -656,3 +656,36 @@ def _shutdown_kernels(lab: Lab) -> None:
             f"{lab.url}/api/kernels/{kernel['id']}", headers=headers, method="DELETE"
         )
         urllib.request.urlopen(delete, timeout=60).close()
+
+
+def test_the_debugger_stops_at_a_breakpoint_in_a_sandboxed_notebook(tmp_path: Path) -> None:
+    """JupyterLab's visual debugger on a sandboxed kernel: enabled from the
+    notebook's toolbar, a breakpoint set in the gutter stops the cell there, the
+    variables panel shows the sandbox's values, and Continue finishes the cell."""
+    from playwright.sync_api import expect
+
+    with lab_in_browser(tmp_path) as (lab, page, shots):
+        launch(page, lab)
+        notebook = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden)")
+        bug = notebook.locator(".jp-DebuggerBugButton")
+        bug.click()
+        expect(bug).to_have_attribute("aria-pressed", "true", timeout=TIMEOUT_MS)
+        editor = notebook.locator(".jp-Cell .cm-content").last
+        editor.click()
+        page.keyboard.type("x = 20\ny = x + 22\nprint('done', y)")
+        # a breakpoint on line 2: a click in the breakpoint gutter beside it
+        line = notebook.locator(".jp-Cell .cm-line").nth(1).bounding_box()
+        gutter = notebook.locator(".jp-Cell .cm-breakpoint-gutter").last.bounding_box()
+        assert line and gutter
+        page.mouse.click(gutter["x"] + gutter["width"] / 2, line["y"] + line["height"] / 2)
+        page.screenshot(path=str(shots / "01-breakpoint.png"))
+        page.keyboard.press("Shift+Enter")
+        frame = page.locator(".jp-DebuggerCallstackFrame").first
+        frame.wait_for(timeout=TIMEOUT_MS)
+        variables = page.locator(".jp-DebuggerVariables-body.jp-debuggerVariables-local")
+        expect(variables).to_contain_text("x", timeout=TIMEOUT_MS)
+        expect(variables).to_contain_text("20")
+        page.screenshot(path=str(shots / "02-stopped.png"))
+        run_command(page, "Continue")
+        page.locator(".jp-OutputArea-output", has_text="done 42").wait_for(timeout=TIMEOUT_MS)
+        page.screenshot(path=str(shots / "03-continued.png"))
