@@ -354,3 +354,22 @@ async def test_lab_sandbox_only_offers_nothing_else(tmp_path: Path) -> None:
         )
         assert terminals.code == 404, "no shell on this machine"
         assert "sandbox only: kernels sandbox-default" in log.read_text()
+
+
+async def test_ctrl_c_after_a_failed_start_stops_the_server(tmp_path: Path) -> None:
+    """A notebook whose kernel could not start (no such pool) leaves nothing
+    behind: no kernel is listed, and Ctrl-C stops the server at once, without
+    waiting on the failed kernel."""
+    import signal
+
+    async with lab_server(tmp_path) as server:
+        body = {"path": "a.ipynb", "type": "notebook", "kernel": {"name": "sandbox-missing"}}
+        answer = await server.request("POST", "/api/sessions", body)
+        assert "pool 'missing' does not exist" in answer["message"], answer
+        assert await server.request("GET", "/api/kernels") == []
+        assert await server.request("GET", "/api/sessions") == []
+        server.proc.send_signal(signal.SIGINT)
+        try:
+            server.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            pytest.fail("the server was still running 20 s after Ctrl-C:\n" + server.log_text())

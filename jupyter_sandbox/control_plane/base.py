@@ -69,6 +69,13 @@ class InvalidRequest(ClaimError):
     status = 400
 
 
+class FilesNotBindable(InvalidRequest):
+    """The notebook's directory cannot be bound into a sandbox here (its
+    filesystem has no idmapped mounts); its files can still be copied."""
+
+    reason = "FilesNotBindable"
+
+
 class KernelBusy(ClaimError):
     """The sandbox's kernel is running a cell: suspending it now would lose that
     cell and the kernel's variables (they cannot be saved until it ends)."""
@@ -91,6 +98,7 @@ ERRORS: dict[str, type[ClaimError]] = {
         ClaimTimeout,
         QuotaExceeded,
         InvalidRequest,
+        FilesNotBindable,
         KernelBusy,
         BackendUnavailable,
     )

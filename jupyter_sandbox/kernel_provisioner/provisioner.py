@@ -22,6 +22,7 @@ from jupyter_client.connect import KernelConnectionInfo
 from jupyter_client.provisioning.provisioner_base import KernelProvisionerBase
 from traitlets import Bool, Dict, Enum, Float, Int, List, Unicode
 
+from ..control_plane.base import FilesNotBindable
 from ..control_plane.factory import get_control_plane
 from ..kernelspec import FILES_MODES
 from ..utils.background import background
@@ -109,10 +110,8 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
         file_sync = None
         # Copied only when a client names the directory (a server, nbclient, papermill):
         # a console started somewhere does not copy that somewhere along.
-        if mode == "copy" and files_dir and not inherited and _copyable(files_dir):
-            total = self.files_max_mb * 1024 * 1024
-            limits = Limits(max_file_bytes=min(Limits.max_file_bytes, total), max_total_bytes=total)
-            file_sync = FileSync(os.path.abspath(files_dir), limits)
+        if mode == "copy" and files_dir and not inherited:
+            file_sync = self._file_sync(files_dir)
         optional = inherited
         if mode == "copy" and self.files == "auto" and files_dir and not inherited:
             # A Kubernetes pool that mounts the user's volume shows the directory
@@ -132,22 +131,34 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
             server_id = getattr(getattr(km, "parent", None), "server_id", "")
             if server_id:
                 labels[LABEL_SERVER] = server_id
-            self._session = SandboxSession(
-                plane,
-                pool=self.pool,
-                key=km.session.key,
-                labels=labels,
-                env=env,
-                owner_pid=os.getpid(),
-                claim_timeout=self.claim_timeout,
-                claim_name=existing_claim,
-                orphan_grace=self.orphan_grace,
-                files_dir=os.path.abspath(files_dir) if files_dir else None,
-                files_optional=optional,
-                file_sync=file_sync,
-            )
+
+            def session(files_dir: str | None, file_sync: FileSync | None) -> SandboxSession:
+                return SandboxSession(
+                    plane,
+                    pool=self.pool,
+                    key=km.session.key,
+                    labels=labels,
+                    env=env,
+                    owner_pid=os.getpid(),
+                    claim_timeout=self.claim_timeout,
+                    claim_name=existing_claim,
+                    orphan_grace=self.orphan_grace,
+                    files_dir=os.path.abspath(files_dir) if files_dir else None,
+                    files_optional=optional,
+                    file_sync=file_sync,
+                )
+
+            self._session = session(files_dir, file_sync)
             try:
-                await background().run(self._session.start())
+                try:
+                    await background().run(self._session.start())
+                except FilesNotBindable as exc:
+                    if self.files != "auto" or not files_dir:
+                        raise
+                    # The directory cannot be bound here: its files are copied instead.
+                    log.info("%s; copying its files into the sandbox", exc.message)
+                    self._session = session(None, self._file_sync(files_dir))
+                    await background().run(self._session.start())
             except BaseException:
                 self._session = None  # start() released whatever it had claimed
                 raise
@@ -163,6 +174,13 @@ class SandboxProvisioner(KernelProvisionerBase):  # type: ignore[misc]
         kwargs["env"] = {}
         cmd = list(self.kernel_spec.argv) if self.kernel_spec else []
         return await super().pre_launch(cmd=cmd, **kwargs)
+
+    def _file_sync(self, files_dir: str) -> FileSync | None:
+        if not _copyable(files_dir):
+            return None
+        total = self.files_max_mb * 1024 * 1024
+        limits = Limits(max_file_bytes=min(Limits.max_file_bytes, total), max_total_bytes=total)
+        return FileSync(os.path.abspath(files_dir), limits)
 
     async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> KernelConnectionInfo:
         assert self._session is not None

@@ -127,3 +127,52 @@ async def test_no_set_id_file_can_be_left_in_the_notebook_directory(
         assert not info.st_mode & (stat.S_ISUID | stat.S_ISGID), path
         # what the sandbox wrote belongs to the directory's owner, as the user's own files
         assert info.st_uid == owner, (path, info.st_uid)
+
+
+@pytest.fixture
+def notebooks_on_ramfs(notebooks_outside_tmp: Path) -> Iterator[Path]:  # noqa: F811
+    """A notebook root on a filesystem without idmapped mounts (ramfs has none)."""
+    import subprocess
+
+    root = notebooks_outside_tmp / "ramfs"
+    root.mkdir()
+    subprocess.run(["mount", "-t", "ramfs", "ramfs", str(root)], check=True)
+    try:
+        yield root
+    finally:
+        subprocess.run(["umount", "-l", str(root)], check=False)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="an ordinary user's sandboxes need no idmap")
+async def test_a_notebook_directory_without_idmapped_mounts_is_copied_not_bound(
+    tmp_path: Path, notebooks_on_ramfs: Path
+) -> None:
+    """The root daemon's start probe tried idmapped mounts on the state
+    directory's filesystem only. A notebook directory on one without them (NFS,
+    FUSE, ramfs) made every kernel there fail to start with "exception in
+    preexec_fn"; now the kernel starts with the notebook's files copied in, and a
+    claim that insists on binding is refused with the reason."""
+    with jupyter_server(tmp_path, root=notebooks_on_ramfs) as server:
+        folder = project(server.root)
+        kernel_id = await start_notebook_kernel(server, "project/analysis.ipynb")
+        ws = await KernelSocket(server, kernel_id).connect()
+        try:
+            result = await ws.execute(
+                "import os; print(os.getcwd(), open('data.csv').read().splitlines()[1])"
+            )
+        finally:
+            ws.close()
+        assert result.status == "ok", result.reply
+        assert result.stdout.split() == ["/workspace", "1,2"], result.stdout
+        await server.request("DELETE", f"/api/kernels/{kernel_id}", expect=204)
+
+    from jupyter_sandbox.control_plane.base import ClaimRequest, FilesNotBindable
+    from jupyter_sandbox.control_plane.local.client import LocalControlPlane
+
+    plane = LocalControlPlane()
+    try:
+        with pytest.raises(FilesNotBindable, match="no idmapped mounts") as refused:
+            await plane.claim(ClaimRequest(pool="default", files_dir=str(folder)))
+        assert "files option 'copy'" in str(refused.value)
+    finally:
+        await plane.close()

@@ -27,6 +27,7 @@ from ..base import (
     ClaimNotFound,
     ClaimRequest,
     ClaimTimeout,
+    FilesNotBindable,
     InvalidRequest,
     Phase,
     PoolNotFound,
@@ -182,8 +183,11 @@ class LocalController:
         if request.files_dir is not None and pool.files != FILES_NONE:
             try:
                 files_dir = check_files_dir(request.files_dir, self.base)
-            except UnsafeMount as exc:
+                self._check_idmap(files_dir)
+            except (UnsafeMount, FilesNotBindable) as exc:
                 if not request.files_optional:
+                    if isinstance(exc, FilesNotBindable):
+                        raise
                     raise InvalidRequest(str(exc)) from None
                 log.info("claim %s works in /workspace: %s", name, exc)
         claim = Claim(
@@ -201,6 +205,21 @@ class LocalController:
         self._reconcile_claim(claim)
         self._touch("claim", name)
         return claim
+
+    def _check_idmap(self, files_dir: str) -> None:
+        """A root daemon shows the notebook's directory through an idmapped mount:
+        on a filesystem without them (NFS, FUSE, ramfs) FilesNotBindable, with
+        which the provisioner copies the files instead."""
+        host = self.isolation.host if self.isolation.isolated else None
+        why = host.idmap_refusal(files_dir) if host is not None else None
+        if why:
+            raise FilesNotBindable(
+                f"a sandbox cannot work in {files_dir}: its filesystem has no idmapped "
+                f"mounts ({why}), which a root daemon's sandbox needs to write there as "
+                "its own uid",
+                hint="use the kernelspec's files option 'copy', or keep the notebooks on "
+                "a local filesystem (ext4, xfs, btrfs, tmpfs)",
+            )
 
     def get_claim(self, name: str) -> Claim:
         claim = self.store.claims.get(name)

@@ -149,6 +149,7 @@ class HostIdentity:
     host_uid: int
     userns_fd: int
     _idmaps: dict[tuple[int, int], int] = field(default_factory=dict)
+    _idmap_by_device: dict[int, str | None] = field(default_factory=dict)
 
     def idmapped(self, path: str | os.PathLike[str]) -> IdmappedMount:
         """``path`` through a mount that shows its owner (uid and gid) as ``host_uid``."""
@@ -163,6 +164,16 @@ class HostIdentity:
     @property
     def sandbox_description(self) -> str:
         return f"runs as host uid {self.host_uid}, not root"
+
+    def idmap_refusal(self, path: str | os.PathLike[str]) -> str | None:
+        """Why ``path``'s filesystem cannot be shown to the sandboxes through an
+        idmapped mount (NFS, FUSE, ramfs, ...), or None.  The start probe tried
+        only the state directory's filesystem; a notebook directory may be on
+        another.  Tried on a detached clone that is never attached anywhere."""
+        device = os.stat(path).st_dev
+        if device not in self._idmap_by_device:
+            self._idmap_by_device[device] = _try_idmap(os.fspath(path), self.userns_fd)
+        return self._idmap_by_device[device]
 
 
 def mount_idmapped(mounts: Sequence[IdmappedMount]) -> None:
@@ -191,26 +202,47 @@ def _idmap_over_itself(mount: IdmappedMount) -> None:
         f"open_tree {mount.path}",
     )
     try:
-        attr = _MountAttr(
-            _MOUNT_ATTR_IDMAP | _MOUNT_ATTR_NOSUID | _MOUNT_ATTR_NODEV, 0, 0, mount.userns_fd
-        )
-        _check(
-            _libc.syscall(
-                _SYS_MOUNT_SETATTR,
-                tree,
-                b"",
-                _AT_EMPTY_PATH,
-                ctypes.byref(attr),
-                ctypes.c_size_t(ctypes.sizeof(attr)),
-            ),
-            f"idmapped mount of {mount.path}",
-        )
+        _set_idmap(tree, mount.userns_fd, mount.path)
         _check(
             _libc.syscall(_SYS_MOVE_MOUNT, tree, b"", _AT_FDCWD, path, _MOVE_MOUNT_F_EMPTY_PATH),
             f"move_mount onto {mount.path}",
         )
     finally:
         os.close(tree)
+
+
+def _try_idmap(path: str, userns_fd: int) -> str | None:
+    try:
+        tree = _check(
+            _libc.syscall(
+                _SYS_OPEN_TREE, _AT_FDCWD, os.fsencode(path), _OPEN_TREE_CLONE | os.O_CLOEXEC
+            ),
+            f"open_tree {path}",
+        )
+    except OSError as exc:
+        return str(exc)
+    try:
+        _set_idmap(tree, userns_fd, path)
+    except OSError as exc:
+        return str(exc)
+    finally:
+        os.close(tree)  # the clone was never attached: closing it drops it
+    return None
+
+
+def _set_idmap(tree: int, userns_fd: int, path: str) -> None:
+    attr = _MountAttr(_MOUNT_ATTR_IDMAP | _MOUNT_ATTR_NOSUID | _MOUNT_ATTR_NODEV, 0, 0, userns_fd)
+    _check(
+        _libc.syscall(
+            _SYS_MOUNT_SETATTR,
+            tree,
+            b"",
+            _AT_EMPTY_PATH,
+            ctypes.byref(attr),
+            ctypes.c_size_t(ctypes.sizeof(attr)),
+        ),
+        f"idmapped mount of {path}",
+    )
 
 
 def become_sandbox_user_code() -> str:
