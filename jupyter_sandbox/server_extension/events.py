@@ -204,10 +204,23 @@ class EventHub:
 
     # -- snapshot and subscribers ----------------------------------------------
 
+    def culling(self) -> dict[str, Any]:
+        """When jupyter_server culls idle kernels (a sandbox's: suspends them, with
+        SandboxKernelManager), so that JupyterLab can say so before it happens."""
+        km = self.kernel_manager
+        return {
+            "idle_timeout": int(getattr(km, "cull_idle_timeout", 0) or 0),
+            "interval": int(getattr(km, "cull_interval", 0) or 0),
+            "connected": bool(getattr(km, "cull_connected", False)),
+            "busy": bool(getattr(km, "cull_busy", False)),
+            "suspends": bool(getattr(km, "suspend_on_cull", False)),
+        }
+
     def refresh_kernels(self) -> None:
         try:
             self.snapshot["kernels"] = self.kernels()
             self.snapshot["starting"] = self.starting()
+            self.snapshot["culling"] = self.culling()
         except Exception:
             log.exception("jupyter_sandbox: could not describe kernels")
         self.publish()

@@ -11,7 +11,7 @@ import { IDocumentManager } from '@jupyterlab/docmanager';
 import { ILauncher } from '@jupyterlab/launcher';
 import { IMainMenu } from '@jupyterlab/mainmenu';
 import { INotebookTracker } from '@jupyterlab/notebook';
-import { KernelSpec, ServerConnection, Session } from '@jupyterlab/services';
+import { Kernel, KernelAPI, KernelSpec, ServerConnection, Session } from '@jupyterlab/services';
 import { IStatusBar } from '@jupyterlab/statusbar';
 import { CommandToolbarButton, LabIcon, pauseIcon, runIcon, infoIcon } from '@jupyterlab/ui-components';
 import { ReadonlyPartialJSONObject } from '@lumino/coreutils';
@@ -26,7 +26,14 @@ import {
   SandboxEvents,
   suspendKernel
 } from './api';
-import { diskUse, ISnapshot, progressText, sandboxSpecInfo } from './model';
+import {
+  diskUse,
+  IKernelActivity,
+  ISnapshot,
+  progressText,
+  sandboxSpecInfo,
+  secondsToIdleCull
+} from './model';
 import { detailsNode, IActiveKernel, SandboxPanel, SandboxStatus, sandboxIcon } from './widgets';
 import { SandboxDrive, WorkspacePanel } from './workspace';
 
@@ -424,6 +431,21 @@ const plugin: JupyterFrontEndPlugin<void> = {
     watchStarts(events, specs);
     watchDisks(events);
     watchSuspensions(events, sessionPath);
+    watchIdleCulls(events, sessionPath, kernelId => {
+      for (const t of trackers) {
+        let found: Kernel.IKernelConnection | null = null;
+        t.forEach(widget => {
+          const kernel = widget.sessionContext.session?.kernel;
+          if (!found && kernel?.id === kernelId) {
+            found = kernel;
+          }
+        });
+        if (found) {
+          return found;
+        }
+      }
+      return null;
+    });
 
     // -- launcher: sandboxed kernels in their own sections ------------------
     if (launcher) {
@@ -440,6 +462,91 @@ interface IKernelWidget extends Widget {
 interface IKernelWidgetTracker {
   readonly currentWidget: IKernelWidget | null;
   readonly currentChanged: ISignal<unknown, IKernelWidget | null>;
+  forEach(fn: (widget: IKernelWidget) => void): void;
+}
+
+const IDLE_CHECK_MS = 10_000;
+
+/**
+ * Say before an idle cull suspends a sandbox (or, on a server without the sandbox
+ * kernel manager, shuts its kernel down), with a button that counts as activity.
+ * Asks jupyter_server for its kernels' activity only while one is sandboxed and
+ * the page is visible.
+ */
+function watchIdleCulls(
+  events: SandboxEvents,
+  sessionPath: (kernelId: string) => string | null,
+  connection: (kernelId: string) => Kernel.IKernelConnection | null
+): void {
+  const shown = new Map<string, string>(); // kernel id -> notification id
+  const dismiss = (kernelId: string) => {
+    const id = shown.get(kernelId);
+    if (id) {
+      Notification.dismiss(id);
+      shown.delete(kernelId);
+    }
+  };
+  const check = async () => {
+    const snapshot = events.snapshot;
+    const sandboxed = new Set(
+      snapshot.kernels.filter(k => !k.sandbox.suspended).map(k => k.id)
+    );
+    for (const id of Array.from(shown.keys())) {
+      if (!sandboxed.has(id)) {
+        dismiss(id);
+      }
+    }
+    if (!sandboxed.size || !snapshot.culling?.idle_timeout || document.hidden) {
+      return;
+    }
+    const models = await KernelAPI.listRunning();
+    for (const model of models) {
+      if (!sandboxed.has(model.id)) {
+        continue;
+      }
+      const left = secondsToIdleCull(
+        model as unknown as IKernelActivity,
+        snapshot.culling,
+        Date.now()
+      );
+      if (left === null) {
+        dismiss(model.id);
+        continue;
+      }
+      if (shown.has(model.id)) {
+        continue;
+      }
+      const what = sessionPath(model.id) ?? model.name;
+      const when = left >= 60 ? `in about ${Math.round(left / 60)} min` : 'in under a minute';
+      const fate = snapshot.culling.suspends
+        ? `its sandbox will be suspended ${when}. Files and variables are kept; the ` +
+          'next run resumes it.'
+        : `its kernel will be shut down ${when}.`;
+      const kernel = connection(model.id);
+      shown.set(
+        model.id,
+        Notification.warning(`${what} has been idle: ${fate}`, {
+          autoClose: false,
+          actions: kernel
+            ? [
+                {
+                  label: 'Keep running',
+                  caption: 'Counts as activity: the idle time starts again',
+                  callback: () => {
+                    shown.delete(model.id);
+                    // jupyter_server counts an execution, not kernel_info, as activity
+                    kernel.requestExecute({ code: '', silent: true, store_history: false });
+                  }
+                }
+              ]
+            : []
+        })
+      );
+    }
+  };
+  setInterval(() => {
+    check().catch(err => console.warn('jupyter-sandbox: idle check failed', err));
+  }, IDLE_CHECK_MS);
 }
 
 /** Kernels the user suspended by command (that command says so itself). */

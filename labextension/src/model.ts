@@ -99,6 +99,55 @@ export interface ISnapshot {
   daemon: { running: boolean; message: string };
   /** Present when a kernelspec uses the Kubernetes backend. */
   kubernetes?: { ok: boolean; message: string };
+  /** When the server culls idle kernels (0: never). */
+  culling?: ICulling;
+}
+
+/** jupyter_server's culling settings, as the server applies them. */
+export interface ICulling {
+  idle_timeout: number;
+  interval: number;
+  connected: boolean;
+  busy: boolean;
+  /** true: a culled sandbox is suspended (files and variables kept); false: shut down */
+  suspends: boolean;
+}
+
+/** What jupyter_server's /api/kernels says of a kernel's activity. */
+export interface IKernelActivity {
+  last_activity: string;
+  execution_state: string;
+  connections: number;
+}
+
+/** Notice comes this long before an idle cull (or a quarter of the timeout). */
+export const IDLE_NOTICE_SECONDS = 300;
+
+/**
+ * Seconds until the culler may take this kernel for idle, when that is soon
+ * enough to say so; null when it is not (never culled, busy, not soon).
+ */
+export function secondsToIdleCull(
+  kernel: IKernelActivity,
+  culling: ICulling | undefined,
+  now: number
+): number | null {
+  if (!culling || culling.idle_timeout <= 0) {
+    return null;
+  }
+  if (kernel.execution_state === 'busy' && !culling.busy) {
+    return null;
+  }
+  if (kernel.connections > 0 && !culling.connected) {
+    return null;
+  }
+  const last = Date.parse(kernel.last_activity);
+  if (Number.isNaN(last)) {
+    return null;
+  }
+  const left = culling.idle_timeout - (now - last) / 1000;
+  const notice = Math.min(IDLE_NOTICE_SECONDS, culling.idle_timeout / 4);
+  return left <= notice ? Math.max(0, Math.round(left)) : null;
 }
 
 export const EMPTY_SNAPSHOT: ISnapshot = {

@@ -13,6 +13,7 @@ import {
   sandboxAge,
   sandboxSpecInfo,
   sandboxState,
+  secondsToIdleCull,
   stateLabel,
   usageRows
 } from '../src/model';
@@ -293,5 +294,33 @@ describe('usageRows', () => {
     ]
   ])('%s', (_name, reading, suspended, expected) => {
     expect(usageRows(reading, suspended)).toEqual(expected);
+  });
+});
+
+describe('secondsToIdleCull', () => {
+  const now = Date.parse('2026-12-07T12:00:00Z');
+  const culling = { idle_timeout: 3600, interval: 300, connected: true, busy: false, suspends: true };
+  const idleFor = (seconds: number, extra = {}) => ({
+    last_activity: new Date(now - seconds * 1000).toISOString(),
+    execution_state: 'idle',
+    connections: 1,
+    ...extra
+  });
+  it.each([
+    ['long before the cull: nothing', idleFor(60), culling, null],
+    ['five minutes before: the seconds left', idleFor(3300), culling, 300],
+    ['two minutes before', idleFor(3480), culling, 120],
+    ['overdue (the culler checks every interval): 0', idleFor(3700), culling, 0],
+    ['culling off', idleFor(3500), { ...culling, idle_timeout: 0 }, null],
+    ['busy and busy kernels are not culled', idleFor(3500, { execution_state: 'busy' }), culling, null],
+    ['busy, but the server culls busy kernels too', idleFor(3500, { execution_state: 'busy' }), { ...culling, busy: true }, 100],
+    ['a tab open and connected kernels are spared', idleFor(3500), { ...culling, connected: false }, null],
+    ['no tab open, connected kernels spared', idleFor(3500, { connections: 0 }), { ...culling, connected: false }, 100],
+    ['a short timeout: notice at a quarter of it', idleFor(32), { ...culling, idle_timeout: 40 }, 8],
+    ['a short timeout, not yet', idleFor(20), { ...culling, idle_timeout: 40 }, null],
+    ['no settings from the server', idleFor(3500), undefined, null],
+    ['an unreadable time', { ...idleFor(0), last_activity: 'soon' }, culling, null]
+  ])('%s', (_, kernel, settings, expected) => {
+    expect(secondsToIdleCull(kernel, settings, now)).toBe(expected);
   });
 });

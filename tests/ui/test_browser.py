@@ -689,3 +689,34 @@ def test_the_debugger_stops_at_a_breakpoint_in_a_sandboxed_notebook(tmp_path: Pa
         run_command(page, "Continue")
         page.locator(".jp-OutputArea-output", has_text="done 42").wait_for(timeout=TIMEOUT_MS)
         page.screenshot(path=str(shots / "03-continued.png"))
+
+
+def test_an_idle_notebook_hears_before_its_sandbox_is_suspended(tmp_path: Path) -> None:
+    """Before the idle cull suspends a sandbox, JupyterLab says so; "Keep running"
+    counts as activity and the sandbox stays; left alone, it is suspended as said.
+    (A 40 s timeout: the notice comes a quarter of it before, at most 5 minutes.)"""
+    from playwright.sync_api import expect
+
+    culling = (
+        "--MappingKernelManager.cull_idle_timeout=40",
+        "--MappingKernelManager.cull_interval=5",
+        "--MappingKernelManager.cull_connected=True",
+    )
+    with lab_in_browser(tmp_path, *culling) as (lab, page, shots):
+        status = launch(page, lab)
+        run_cell(page, "kept = 'still here'; print('set')", "set")
+        notice = page.locator(".jp-Notification-Toast-warning", has_text="has been idle")
+        notice.wait_for(timeout=60_000)
+        assert "will be suspended" in notice.inner_text()
+        page.screenshot(path=str(shots / "01-notice.png"))
+        notice.locator("button", has_text="Keep running").click()
+        expect(notice).to_have_count(0)
+        # past the first deadline: still running, since the click was activity
+        page.wait_for_timeout(15_000)
+        expect(status).to_have_attribute("data-sandbox-state", "idle")
+        # left alone: the notice again, then the suspend it announced
+        notice.wait_for(timeout=60_000)
+        expect(status).to_have_attribute("data-sandbox-state", "suspended", timeout=60_000)
+        expect(notice).to_have_count(0, timeout=20_000)
+        page.screenshot(path=str(shots / "02-suspended.png"))
+        run_cell(page, "print(kept)", "still here")
