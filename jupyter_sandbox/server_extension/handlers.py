@@ -98,12 +98,15 @@ class KernelHandler(SandboxAPIHandler):
     @authorized
     async def get(self, kernel_id: str) -> None:
         fresh = parse_bool(self.get_query_argument("fresh", "false"), "fresh")
+        usage = parse_bool(self.get_query_argument("usage", "false"), "usage")
         provisioner = self.provisioner(kernel_id)
         model = self.kernel_model(kernel_id, provisioner)
         if fresh:
             model["claim_status"], model["usage"] = await asyncio.gather(
                 self.claim_status(provisioner), self.usage(provisioner)
             )
+        elif usage:  # the status bar's meter: the runtime only, not the control plane
+            model["usage"] = await self.usage(provisioner)
         self.finish(json.dumps(model, default=str))
 
     async def usage(self, provisioner: SandboxProvisioner) -> dict[str, Any] | None:

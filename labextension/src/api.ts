@@ -59,6 +59,11 @@ export function copyFilesBack(kernelId: string): Promise<IKernelEntry> {
   });
 }
 
+/** What the kernel's sandbox uses now (the runtime only: cheap enough to poll). */
+export function kernelUsage(kernelId: string): Promise<IKernelEntry> {
+  return requestAPI<IKernelEntry>(`kernels/${encodeURIComponent(kernelId)}?usage=true`);
+}
+
 export function kernelDetails(kernelId: string): Promise<IKernelEntry> {
   return requestAPI<IKernelEntry>(`kernels/${encodeURIComponent(kernelId)}?fresh=true`);
 }

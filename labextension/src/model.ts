@@ -120,6 +120,18 @@ export interface IKernelActivity {
   connections: number;
 }
 
+/** The status bar's meter: memory and CPU of the sandbox now, short. */
+export function meterText(usage: IUsage | null | undefined): string | null {
+  if (!usage) {
+    return null;
+  }
+  const memory =
+    usage.memory_in_use_mb >= 1024
+      ? `${(usage.memory_in_use_mb / 1024).toFixed(1)} GB`
+      : `${Math.round(usage.memory_in_use_mb)} MB`;
+  return `${memory} · ${Math.round(usage.cpu_percent)}% CPU`;
+}
+
 /** Notice comes this long before an idle cull (or a quarter of the timeout). */
 export const IDLE_NOTICE_SECONDS = 300;
 

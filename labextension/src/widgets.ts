@@ -3,7 +3,7 @@ import { KernelSpec } from '@jupyterlab/services';
 import { LabIcon } from '@jupyterlab/ui-components';
 import { Widget } from '@lumino/widgets';
 
-import { SandboxEvents } from './api';
+import { kernelUsage, SandboxEvents } from './api';
 import {
   diskUse,
   errorAdvice,
@@ -13,6 +13,7 @@ import {
   IPoolEntry,
   isolationInfo,
   ISnapshot,
+  meterText,
   poolSummary,
   progressText,
   resourceRows,
@@ -158,6 +159,12 @@ export class SandboxStatus extends Widget {
         stateLabel(state)
       )
     );
+    const running = RUNNING_STATES.has(state) && !!active.id;
+    this._followUsage(running ? active.id : null);
+    const meter = running && this._usage?.id === active.id ? this._usage.text : null;
+    if (meter) {
+      parts.push(sep(), el('span', { class: 'jp-SandboxStatus-meter' }, meter));
+    }
     if (sandbox?.isolation) {
       parts.push(
         sep(),
@@ -191,6 +198,9 @@ export class SandboxStatus extends Widget {
     if (sandbox?.created) {
       lines.push(`Age: ${sandboxAge(sandbox.created)}`);
     }
+    if (meter) {
+      lines.push(`Now: ${meter.replace('CPU', 'of a CPU core')}`);
+    }
     if (disk?.over) {
       lines.push(sandbox?.message || 'The workspace is over its disk limit.');
     } else if (disk?.used_mb !== null && disk?.used_mb !== undefined && disk.limit_mb) {
@@ -204,10 +214,55 @@ export class SandboxStatus extends Widget {
     super.dispose();
   }
 
+  /**
+   * Poll the sandbox's usage every few seconds while ``kernelId`` (a running
+   * sandbox's kernel) is the active one and the page is visible; stop otherwise.
+   */
+  private _followUsage(kernelId: string | null): void {
+    if (kernelId === this._polled) {
+      return;
+    }
+    this._polled = kernelId;
+    if (this._timer !== null) {
+      window.clearInterval(this._timer);
+      this._timer = null;
+    }
+    if (this._usage && this._usage.id !== kernelId) {
+      this._usage = null;
+    }
+    if (kernelId === null) {
+      return;
+    }
+    const poll = () => {
+      if (document.hidden || this._polled !== kernelId) {
+        return;
+      }
+      kernelUsage(kernelId)
+        .then(entry => {
+          if (this._polled === kernelId) {
+            this._usage = { id: kernelId, text: meterText(entry.usage) };
+            this.refresh();
+          }
+        })
+        .catch(() => {
+          /* gone or suspended meanwhile: the next state change stops the polling */
+        });
+    };
+    poll();
+    this._timer = window.setInterval(poll, USAGE_POLL_MS);
+  }
+
   private _active: IActiveKernel | null = null;
   private _state: SandboxState | 'none' = 'none';
   private _failure: { name: string; error: Partial<IStartError> } | null = null;
+  private _usage: { id: string; text: string | null } | null = null;
+  private _polled: string | null = null;
+  private _timer: number | null = null;
 }
+
+const USAGE_POLL_MS = 5000;
+/** States in which a sandbox has processes to measure. */
+const RUNNING_STATES = new Set<SandboxState | 'none'>(['ready', 'busy', 'idle']);
 
 /** Why a sandbox could not be claimed, and what the user can do about it. */
 export async function showClaimAdvice(name: string, error: Partial<IStartError>): Promise<void> {

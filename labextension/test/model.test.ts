@@ -7,6 +7,7 @@ import {
   EventStreamParser,
   formatAge,
   isolationInfo,
+  meterText,
   poolSummary,
   progressText,
   resourceRows,
@@ -322,5 +323,23 @@ describe('secondsToIdleCull', () => {
     ['an unreadable time', { ...idleFor(0), last_activity: 'soon' }, culling, null]
   ])('%s', (_, kernel, settings, expected) => {
     expect(secondsToIdleCull(kernel, settings, now)).toBe(expected);
+  });
+});
+
+describe('meterText', () => {
+  const usage = (memory: number, cpu: number) => ({
+    memory_in_use_mb: memory,
+    cpu_percent: cpu,
+    cpu_seconds_used: 1,
+    processes: 3
+  });
+  it.each([
+    ['nothing known', null, null],
+    ['suspended (no usage)', undefined, null],
+    ['megabytes', usage(312.4, 3.6), '312 MB · 4% CPU'],
+    ['gigabytes above 1024 MB', usage(1536, 100), '1.5 GB · 100% CPU'],
+    ['several cores', usage(80, 250.2), '80 MB · 250% CPU']
+  ])('%s', (_, given, expected) => {
+    expect(meterText(given)).toBe(expected);
   });
 });

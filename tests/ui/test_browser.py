@@ -720,3 +720,32 @@ def test_an_idle_notebook_hears_before_its_sandbox_is_suspended(tmp_path: Path) 
         expect(notice).to_have_count(0, timeout=20_000)
         page.screenshot(path=str(shots / "02-suspended.png"))
         run_cell(page, "print(kept)", "still here")
+
+
+def test_the_status_bar_meters_the_sandboxs_memory(tmp_path: Path) -> None:
+    """The status bar shows what the focused notebook's sandbox uses now: 300 MB
+    held by the kernel show within a few seconds; suspended, the meter goes."""
+    import re
+
+    from playwright.sync_api import expect
+
+    with lab_in_browser(tmp_path) as (lab, page, shots):
+        status = launch(page, lab)
+        meter = status.locator(".jp-SandboxStatus-meter")
+        expect(meter).to_have_text(re.compile(r"^\d+ MB · \d+% CPU$"), timeout=30_000)
+        run_cell(page, "held = b'x' * (300 * 1024 * 1024); print('held')", "held")
+
+        def megabytes() -> float:
+            text = meter.inner_text()
+            number = float(re.match(r"([\d.]+)", text).group(1))  # type: ignore[union-attr]
+            return number * 1024 if " GB" in text else number
+
+        deadline = time.monotonic() + 30
+        while megabytes() < 300 and time.monotonic() < deadline:
+            page.wait_for_timeout(500)
+        assert megabytes() >= 300, meter.inner_text()
+        assert "Now: " in (status.get_attribute("title") or "")
+        page.screenshot(path=str(shots / "01-meter.png"))
+        run_command(page, "Suspend Sandbox")
+        expect(status).to_have_attribute("data-sandbox-state", "suspended", timeout=TIMEOUT_MS)
+        expect(meter).to_have_count(0)

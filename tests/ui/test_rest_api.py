@@ -111,6 +111,10 @@ async def test_list_details_suspend_resume_and_events(tmp_path: Path) -> None:
             assert details["claim_status"]["phase"] == "Ready"
             assert "endpoint" not in details["claim_status"], "never hand the router token out"
             assert details["sandbox"]["created"] > 0
+            meter = await server.request(
+                "GET", f"/api/sandbox/kernels/{kernel_id}?usage=true", expect=200
+            )
+            assert meter["usage"]["memory_in_use_mb"] > 0 and "claim_status" not in meter
 
             suspended = await server.request(
                 "POST", f"/api/sandbox/kernels/{kernel_id}/suspend", expect=200
@@ -199,6 +203,7 @@ async def test_bad_input_is_400_and_unknown_is_404(tmp_path: Path) -> None:
             ("POST", f"/api/sandbox/kernels/{unknown}/explode", None, 400),
             ("POST", "/api/sandbox/kernels/x/suspend", None, 400),
             ("GET", f"/api/sandbox/kernels/{unknown}?fresh=maybe", None, 400),
+            ("GET", f"/api/sandbox/kernels/{unknown}?usage=often", None, 400),
             ("GET", "/api/sandbox/pools?backend=mars", None, 400),
         ]
         for method, path, body, code in cases:
