@@ -29,10 +29,14 @@ import {
 import {
   diskUse,
   IKernelActivity,
+  IReadyKernel,
   ISnapshot,
+  IStartingKernel,
   progressText,
+  readyText,
   sandboxSpecInfo,
-  secondsToIdleCull
+  secondsToIdleCull,
+  startsText
 } from './model';
 import { detailsNode, IActiveKernel, SandboxPanel, SandboxStatus, sandboxIcon } from './widgets';
 import { SandboxDrive, WorkspacePanel } from './workspace';
@@ -594,39 +598,51 @@ function watchSuspensions(
  * fail within milliseconds of starting.
  */
 function watchStarts(events: SandboxEvents, specs: () => KernelSpec.ISpecModels | null): void {
-  const shown = new Map<string, string>(); // kernel id -> notification id
+  // One toast for every start under way (a restored workspace starts several at
+  // once), and one outcome when the last is done: never a stack of them.
+  let shown: string | null = null; // the progress notification's id
+  const starting = new Set<string>();
+  let ready: IReadyKernel[] = [];
   const display = (name: string) => specs()?.kernelspecs[name]?.display_name ?? name;
   events.changed.connect((_, snapshot: ISnapshot) => {
-    const live = new Set<string>();
+    const live: IStartingKernel[] = [];
     for (const entry of snapshot.starting) {
-      const key = entry.id ?? `${entry.name}@${entry.at}`;
-      if (entry.state === 'starting') {
-        live.add(key);
-        const message = `${display(entry.name)}: ${progressText(entry)}`;
-        const id = shown.get(key);
-        if (id) {
-          Notification.update({ id, message, type: 'in-progress' });
-        } else {
-          shown.set(key, Notification.emit(message, 'in-progress', { autoClose: false }));
-        }
-      }
       // A failed start needs no toast of its own: JupyterLab's "Error Starting Kernel"
       // dialog shows the server's message (with its hint), and the status bar item
-      // turns red and gives the advice on a click. Its progress toast goes below.
+      // turns red and gives the advice on a click.
+      if (entry.state === 'starting') {
+        const key = entry.id ?? `${entry.name}@${entry.at}`;
+        live.push({ key, display: display(entry.name), progress: progressText(entry) });
+      }
     }
-    for (const [key, id] of Array.from(shown.entries())) {
-      if (live.has(key)) {
+    const now = new Set(live.map(k => k.key));
+    for (const key of Array.from(starting)) {
+      if (now.has(key)) {
         continue;
       }
-      shown.delete(key);
+      starting.delete(key);
       const kernel = snapshot.kernels.find(k => k.id === key);
-      Notification.dismiss(id);
       if (kernel) {
-        const how = kernel.sandbox.warm ? 'claimed warm' : 'cold start';
-        Notification.success(`Sandbox ${kernel.sandbox.sandbox} ready (${how}).`, {
-          autoClose: 3000
-        });
+        ready.push({ sandbox: kernel.sandbox.sandbox ?? key, warm: !!kernel.sandbox.warm });
       }
+    }
+    live.forEach(k => starting.add(k.key));
+    if (live.length) {
+      const message = startsText(live);
+      if (shown) {
+        Notification.update({ id: shown, message, type: 'in-progress' });
+      } else {
+        shown = Notification.emit(message, 'in-progress', { autoClose: false });
+      }
+      return;
+    }
+    if (shown) {
+      Notification.dismiss(shown);
+      shown = null;
+    }
+    if (ready.length) {
+      Notification.success(readyText(ready), { autoClose: 3000 });
+      ready = [];
     }
   });
 }

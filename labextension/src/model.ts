@@ -120,6 +120,41 @@ export interface IKernelActivity {
   connections: number;
 }
 
+/** A kernel whose sandbox is being claimed, as its progress toast says. */
+export interface IStartingKernel {
+  key: string;
+  display: string;
+  progress: string;
+}
+
+/** A kernel whose sandbox became ready. */
+export interface IReadyKernel {
+  sandbox: string;
+  warm: boolean;
+}
+
+/** The one progress toast for every start under way. */
+export function startsText(live: IStartingKernel[]): string {
+  if (live.length === 1) {
+    return `${live[0].display}: ${live[0].progress}`;
+  }
+  const shown = live.slice(0, 3).map(k => `${k.display}: ${k.progress}`);
+  const more = live.length > 3 ? ` (and ${live.length - 3} more)` : '';
+  return `Starting ${live.length} sandboxed kernels. ${shown.join('; ')}${more}`;
+}
+
+/** The one outcome toast once every start under way is done. */
+export function readyText(ready: IReadyKernel[]): string {
+  const how = (warm: boolean) => (warm ? 'claimed warm' : 'cold start');
+  if (ready.length === 1) {
+    return `Sandbox ${ready[0].sandbox} ready (${how(ready[0].warm)}).`;
+  }
+  const warm = ready.filter(k => k.warm).length;
+  const cold = ready.length - warm;
+  const parts = [warm ? `${warm} claimed warm` : '', cold ? `${cold} cold start` : ''];
+  return `${ready.length} sandboxes ready (${parts.filter(Boolean).join(', ')}).`;
+}
+
 /** The status bar's meter: memory and CPU of the sandbox now, short. */
 export function meterText(usage: IUsage | null | undefined): string | null {
   if (!usage) {

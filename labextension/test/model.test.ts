@@ -10,11 +10,13 @@ import {
   meterText,
   poolSummary,
   progressText,
+  readyText,
   resourceRows,
   sandboxAge,
   sandboxSpecInfo,
   sandboxState,
   secondsToIdleCull,
+  startsText,
   stateLabel,
   usageRows
 } from '../src/model';
@@ -341,5 +343,48 @@ describe('meterText', () => {
     ['several cores', usage(80, 250.2), '80 MB · 250% CPU']
   ])('%s', (_, given, expected) => {
     expect(meterText(given)).toBe(expected);
+  });
+});
+
+describe('one toast for many starts', () => {
+  const start = (n: number) => ({ key: `k${n}`, display: `Python ${n}`, progress: 'cold start' });
+  it.each([
+    ['one start: as before', [start(1)], 'Python 1: cold start'],
+    [
+      'two at once: one toast',
+      [start(1), start(2)],
+      'Starting 2 sandboxed kernels. Python 1: cold start; Python 2: cold start'
+    ],
+    [
+      'five: three named and the count',
+      [1, 2, 3, 4, 5].map(start),
+      'Starting 5 sandboxed kernels. Python 1: cold start; Python 2: cold start; ' +
+        'Python 3: cold start (and 2 more)'
+    ]
+  ])('%s', (_, live, expected) => {
+    expect(startsText(live)).toBe(expected);
+  });
+  it.each([
+    ['one warm', [{ sandbox: 'default-a', warm: true }], 'Sandbox default-a ready (claimed warm).'],
+    ['one cold', [{ sandbox: 'default-b', warm: false }], 'Sandbox default-b ready (cold start).'],
+    [
+      'several: counted',
+      [
+        { sandbox: 'a', warm: true },
+        { sandbox: 'b', warm: false },
+        { sandbox: 'c', warm: true }
+      ],
+      '3 sandboxes ready (2 claimed warm, 1 cold start).'
+    ],
+    [
+      'several, all warm',
+      [
+        { sandbox: 'a', warm: true },
+        { sandbox: 'b', warm: true }
+      ],
+      '2 sandboxes ready (2 claimed warm).'
+    ]
+  ])('%s', (_, ready, expected) => {
+    expect(readyText(ready)).toBe(expected);
   });
 });
