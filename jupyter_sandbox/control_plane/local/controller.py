@@ -182,13 +182,10 @@ class LocalController:
         pool = self.store.pools[request.pool]
         if request.files_dir is not None and pool.files != FILES_NONE:
             try:
-                files_dir = check_files_dir(request.files_dir, self.base)
-                self._check_idmap(files_dir)
-            except (UnsafeMount, FilesNotBindable) as exc:
+                files_dir = self._bindable_files_dir(request.files_dir)
+            except InvalidRequest as exc:
                 if not request.files_optional:
-                    if isinstance(exc, FilesNotBindable):
-                        raise
-                    raise InvalidRequest(str(exc)) from None
+                    raise
                 log.info("claim %s works in /workspace: %s", name, exc)
         claim = Claim(
             name=name,
@@ -206,10 +203,15 @@ class LocalController:
         self._touch("claim", name)
         return claim
 
-    def _check_idmap(self, files_dir: str) -> None:
-        """A root daemon shows the notebook's directory through an idmapped mount:
-        on a filesystem without them (NFS, FUSE, ramfs) FilesNotBindable, with
-        which the provisioner copies the files instead."""
+    def _bindable_files_dir(self, path: object) -> str:
+        """The notebook directory a sandbox may be given, resolved; InvalidRequest
+        when it may not.  A root daemon shows it through an idmapped mount: on a
+        filesystem without them (NFS, FUSE, ramfs) FilesNotBindable, with which the
+        provisioner copies the files instead."""
+        try:
+            files_dir = check_files_dir(path, self.base)
+        except UnsafeMount as exc:
+            raise InvalidRequest(str(exc)) from None
         host = self.isolation.host if self.isolation.isolated else None
         why = host.idmap_refusal(files_dir) if host is not None else None
         if why:
@@ -220,6 +222,7 @@ class LocalController:
                 hint="use the kernelspec's files option 'copy', or keep the notebooks on "
                 "a local filesystem (ext4, xfs, btrfs, tmpfs)",
             )
+        return files_dir
 
     def get_claim(self, name: str) -> Claim:
         claim = self.store.claims.get(name)

@@ -197,10 +197,7 @@ def mount_idmapped(mounts: Sequence[IdmappedMount]) -> None:
 
 def _idmap_over_itself(mount: IdmappedMount) -> None:
     path = os.fsencode(mount.path)
-    tree = _check(
-        _libc.syscall(_SYS_OPEN_TREE, _AT_FDCWD, path, _OPEN_TREE_CLONE | os.O_CLOEXEC),
-        f"open_tree {mount.path}",
-    )
+    tree = _open_tree_clone(mount.path)
     try:
         _set_idmap(tree, mount.userns_fd, mount.path)
         _check(
@@ -213,21 +210,24 @@ def _idmap_over_itself(mount: IdmappedMount) -> None:
 
 def _try_idmap(path: str, userns_fd: int) -> str | None:
     try:
-        tree = _check(
-            _libc.syscall(
-                _SYS_OPEN_TREE, _AT_FDCWD, os.fsencode(path), _OPEN_TREE_CLONE | os.O_CLOEXEC
-            ),
-            f"open_tree {path}",
-        )
+        tree = _open_tree_clone(path)
+        try:
+            _set_idmap(tree, userns_fd, path)
+        finally:
+            os.close(tree)  # the clone was never attached: closing it drops it
     except OSError as exc:
         return str(exc)
-    try:
-        _set_idmap(tree, userns_fd, path)
-    except OSError as exc:
-        return str(exc)
-    finally:
-        os.close(tree)  # the clone was never attached: closing it drops it
     return None
+
+
+def _open_tree_clone(path: str) -> int:
+    """A detached copy of the mount at ``path`` (a file descriptor)."""
+    return _check(
+        _libc.syscall(
+            _SYS_OPEN_TREE, _AT_FDCWD, os.fsencode(path), _OPEN_TREE_CLONE | os.O_CLOEXEC
+        ),
+        f"open_tree {path}",
+    )
 
 
 def _set_idmap(tree: int, userns_fd: int, path: str) -> None:
