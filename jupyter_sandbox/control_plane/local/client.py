@@ -99,8 +99,8 @@ class LocalControlPlane(HttpControlPlane):
         # Serialize spawning across processes; the daemon's own lock makes extra ones exit.
         with open(self.base / "spawn.lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
-            if self._socket.exists():
-                return
+            if _daemon_holds_lock(self.base):
+                return  # starting, or serving: the caller waits for its answer
             log_file = open(self.base / "daemon.log", "ab")
             env = {
                 k: v
@@ -175,3 +175,19 @@ class LocalControlPlane(HttpControlPlane):
 
     async def delete_pool(self, name: str) -> None:
         await self._call("DELETE", f"/api/pools/{quote(name)}")
+
+
+def _daemon_holds_lock(base: Path) -> bool:
+    """Whether a daemon runs for ``base``: it holds ``daemon.lock`` while it lives.
+    A socket file alone says nothing: a daemon killed outright leaves its socket."""
+    try:
+        handle = open(base / "daemon.lock", "a")
+    except OSError:
+        return False
+    with handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(handle, fcntl.LOCK_UN)
+        return False
