@@ -14,6 +14,7 @@ from jupyter_sandbox.control_plane.runtime_client import call
 
 from .helpers import (
     KernelSocket,
+    as_the_daemon_sees,
     claims_for,
     jupyter_server,
     start_kernel,
@@ -147,7 +148,8 @@ async def test_cull_suspends_and_next_execute_resumes(tmp_path: Path, protocol: 
         await wait_for(compute_released, 30)
         claim = (await claims_for(kernel_id))[0]
         assert claim.resources["pid"] is None, "a suspended sandbox has no process"
-        assert Path(claim.workspace or "", "kept.txt").exists(), "the workspace is kept"
+        kept = as_the_daemon_sees(Path(claim.workspace or "", "kept.txt"))
+        assert kept.exists(), "the workspace is kept"
         kernels = await server.request("GET", "/api/kernels")
         assert kernel_id in [k["id"] for k in kernels], "a suspended kernel stays listed"
 

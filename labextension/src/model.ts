@@ -458,7 +458,8 @@ export function resourceRows(resources: Record<string, unknown>): [string, strin
         } else {
           const used = disk.used_mb === null ? 'not measured yet' : `${disk.used_mb} MB`;
           const limit = disk.limit_mb === null ? ' (no limit)' : ` of ${disk.limit_mb} MB`;
-          text = `${used}${limit}${disk.over ? ' (over the limit)' : ''}`;
+          const state = disk.over ? (disk.enforced ? ' (full)' : ' (over the limit)') : '';
+          text = `${used}${limit}${disk.enforced ? ', enforced' : ''}${state}`;
         }
         break;
       }
@@ -667,6 +668,8 @@ export interface IDiskUse {
   limit_mb: number | null;
   used_mb: number | null;
   over: boolean;
+  /** The limit is the workspace filesystem's size (a root daemon), not only watched. */
+  enforced?: boolean;
 }
 
 /** The workspace's disk use, if the backend reports it. */

@@ -228,12 +228,18 @@ describe('resourceRows', () => {
     ]);
   });
 
-  it('says the workspace disk use, and when it is over the limit', () => {
+  it('says the workspace disk use, whether the limit is enforced, and when it is reached', () => {
     expect(resourceRows({ disk: { limit_mb: 10240, used_mb: 12.5, over: false } })).toEqual([
       ['Workspace disk', '12.5 MB of 10240 MB']
     ]);
     expect(resourceRows({ disk: { limit_mb: 5, used_mb: 8, over: true } })).toEqual([
       ['Workspace disk', '8 MB of 5 MB (over the limit)']
+    ]);
+    expect(resourceRows({ disk: { limit_mb: 5, used_mb: 4.6, over: true, enforced: true } })).toEqual([
+      ['Workspace disk', '4.6 MB of 5 MB, enforced (full)']
+    ]);
+    expect(resourceRows({ disk: { limit_mb: 64, used_mb: 3, over: false, enforced: true } })).toEqual([
+      ['Workspace disk', '3 MB of 64 MB, enforced']
     ]);
     expect(resourceRows({ disk: { limit_mb: null, used_mb: null, over: false } })).toEqual([
       ['Workspace disk', 'not measured yet (no limit)']

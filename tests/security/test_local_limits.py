@@ -8,6 +8,7 @@ the sandbox must say which.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -166,10 +167,25 @@ def _disk_settles(sb: Sandbox, used: Callable[[float], bool]) -> Any:
         time.sleep(0.5)
 
 
-def test_a_workspace_over_its_disk_limit_is_marked(limited: Sandbox) -> None:
-    """The sandbox fills its workspace: the daemon sees it and the claim says so
-    (JupyterLab shows it), counting what is on disk and never following a link
-    the sandbox planted or counting a hard link twice."""
+WRITE_10_MB = """
+import os, sys
+try:
+    with open(sys.argv[1], "wb") as handle:
+        for _ in range(10):
+            handle.write(os.urandom(1 << 20))
+except OSError as exc:
+    print("stopped", exc.errno)
+"""
+
+
+def test_a_workspace_over_its_disk_limit_is_marked(limited: Sandbox, sandbox_home: Path) -> None:
+    """The sandbox fills its workspace. A root daemon's workspace is an ext4 image
+    of the pool's size: the write fails with ENOSPC, the host's disk holds no more
+    than the image, and the claim says the workspace is full. An ordinary user's
+    daemon measures the workspace and marks the claim over its limit, counting
+    what is on disk and never following a link the sandbox planted or counting a
+    hard link twice. Either way JupyterLab shows the claim's words."""
+    enforced = os.geteuid() == 0
     run(
         limited,
         "import os\n"
@@ -181,18 +197,26 @@ def test_a_workspace_over_its_disk_limit_is_marked(limited: Sandbox) -> None:
     status = _disk_settles(limited, lambda mb: mb > 9)
     disk = status.resources["disk"]
     assert disk["limit_mb"] == DISK_MB and 9 < disk["used_mb"] < DISK_MB, disk
-    assert disk["over"] is False
+    assert disk["over"] is False and disk["enforced"] is enforced, disk
     assert "disk limit" not in status.message
 
-    run(limited, "import os; open('/workspace/more', 'wb').write(os.urandom(10 << 20))")
-    status = _disk_settles(limited, lambda mb: mb > DISK_MB)
-    assert status.resources["disk"]["over"] is True
-    assert "over its disk limit" in status.message and "delete files" in status.message
+    out = run(limited, WRITE_10_MB, "/workspace/more")
+    if enforced:
+        assert "stopped 28" in out, out  # ENOSPC
+        status = _disk_settles(limited, lambda mb: mb > DISK_MB - 2)
+        assert status.resources["disk"]["over"] is True, status.resources
+        assert "workspace is full" in status.message and "enforced" in status.message
+        image = sandbox_home / "disks" / f"{status.sandbox}.ext4"
+        assert image.stat().st_blocks * 512 <= DISK_MB << 20, image.stat()
+    else:
+        status = _disk_settles(limited, lambda mb: mb > DISK_MB)
+        assert status.resources["disk"]["over"] is True
+        assert "over its disk limit" in status.message and "delete files" in status.message
 
     run(limited, "import os; os.remove('/workspace/more')")
-    status = _disk_settles(limited, lambda mb: mb < DISK_MB)
+    status = _disk_settles(limited, lambda mb: mb < DISK_MB - 2)
     assert status.resources["disk"]["over"] is False
-    assert "disk limit" not in status.message
+    assert "disk limit" not in status.message and "full" not in status.message
 
 
 MEMORY = """

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
 from jupyter_sandbox.control_plane.local.disk_usage import Usage, measure
 
 MB = 1 << 20
@@ -47,7 +49,20 @@ def test_the_walk_stops_at_its_bound_and_says_so(tmp_path: Path) -> None:
     assert measure(str(tmp_path), max_entries=100).complete
 
 
-def test_over_and_missing(tmp_path: Path) -> None:
+def test_a_missing_workspace_holds_nothing(tmp_path: Path) -> None:
     assert measure(str(tmp_path / "missing")) == Usage(0, 0, True)
-    assert Usage(10, 1, True).over(5) and not Usage(10, 1, True).over(10)
-    assert not Usage(10, 1, True).over(None)
+
+
+@pytest.mark.parametrize(
+    ("usage", "limit", "over"),
+    [
+        (Usage(10, 1, True), 5, True),
+        (Usage(10, 1, True), 10, False),
+        (Usage(10, 1, True), None, False),
+        (Usage(10, 1, False), 100, True),  # the walk gave up: too many files
+        (Usage(9, 1, True, full=True), 10, True),  # an image with no room left
+        (Usage(9, 1, True, full=True), None, False),
+    ],
+)
+def test_over_a_limit(usage: Usage, limit: int | None, over: bool) -> None:
+    assert usage.over(limit) is over

@@ -34,11 +34,13 @@ from ..base import (
 )
 from ..runtime_client import busy_answer
 from .cgroups import CgroupError, CgroupLimits, SandboxCgroup
+from .disk_images import IMAGES_SUBDIR, DiskImages, describe
 from .disk_usage import Usage, measure
 from .isolation import POOLS_SUBDIR, Isolation, UnsafeMount, check_files_dir
 from .liveness import PERIOD_SECONDS as LIVENESS_PERIOD
 from .liveness import LivenessProbe
 from .model import (
+    DEFAULT_DISK_MB,
     FILES_NONE,
     FILES_READ_ONLY,
     NAMESPACE,
@@ -83,6 +85,7 @@ class LocalController:
         cgroups: CgroupLimits | None = None,
         limits: str = "",
         pip: PipForwarding | None = None,
+        disk_images: DiskImages | None = None,
     ) -> None:
         self.base = base
         self.isolation = isolation
@@ -106,6 +109,7 @@ class LocalController:
         self.limits = limits  # how resource limits are enforced, in words
         self.pip = pip or PipForwarding()  # what of the host's pip settings sandboxes get
         self.pool_envs: dict[str, PoolEnvironment] = {}  # pools with requirements
+        self.disk_images = disk_images  # a root daemon's: workspaces of enforced size
         # Several daemons (users' state directories) may share one cgroup parent.
         self._cgroup_prefix = hashlib.sha256(str(base).encode()).hexdigest()[:8] + "-"
         for sub in ("workspaces", "run", "sockets", "logs", POOLS_SUBDIR):
@@ -132,7 +136,16 @@ class LocalController:
         shutil.rmtree(sandbox.runtime_dir, ignore_errors=True)
         listen_socket(self.base, sandbox.name).unlink(missing_ok=True)
         Path(self._log_path(sandbox.name)).unlink(missing_ok=True)
-        if not keep_workspace:
+        images = self.disk_images if sandbox.disk_image else None
+        if images is not None:
+            try:
+                if keep_workspace:  # the files stay in the image, for the next start
+                    images.unmount(Path(sandbox.workspace))
+                else:
+                    images.remove(sandbox.name, Path(sandbox.workspace))
+            except (OSError, subprocess.SubprocessError) as exc:
+                log.error("sandbox %s: its workspace image: %s", sandbox.name, describe(exc))
+        elif not keep_workspace:
             shutil.rmtree(sandbox.workspace, ignore_errors=True)
 
     # -- API used by the HTTP handlers ------------------------------------
@@ -392,7 +405,7 @@ class LocalController:
             for sandbox in list(self.store.sandboxes.values()):
                 if not sandbox.owner.startswith("claim/") or sandbox.name not in self.processes:
                     continue  # the pool's spares hold nothing; a stopped one cannot grow
-                usage = await asyncio.to_thread(measure, sandbox.workspace)
+                usage = await asyncio.to_thread(self._measure, sandbox)
                 pool = self.store.pools.get(sandbox.pool) or PoolSpec(name=sandbox.pool)
                 before = self.disk.get(sandbox.name)
                 self.disk[sandbox.name] = usage
@@ -406,6 +419,12 @@ class LocalController:
                         )
                     self._touch("sandbox", sandbox.name)
 
+    def _measure(self, sandbox: Sandbox) -> Usage:
+        workspace = Path(sandbox.workspace)
+        if sandbox.disk_image and os.path.ismount(workspace):
+            return DiskImages.usage(workspace)
+        return measure(sandbox.workspace)
+
     def disk_view(self, sandbox: Sandbox | None, pool: PoolSpec | None) -> dict[str, Any] | None:
         if sandbox is None:
             return None
@@ -415,6 +434,7 @@ class LocalController:
             "limit_mb": None if limit is None else limit // (1024 * 1024),
             "used_mb": None if usage is None else round(usage.bytes / (1024 * 1024), 1),
             "over": usage is not None and usage.over(limit),
+            "enforced": sandbox.disk_image,
         }
 
     async def reconcile(self) -> None:
@@ -480,6 +500,11 @@ class LocalController:
         pool = self.store.pools.get(sandbox.pool) or PoolSpec(name=sandbox.pool)
         if usage is None or not usage.over(pool.disk_limit_bytes()):
             return ""
+        if usage.full:
+            return (
+                f"the workspace is full ({_disk_words(usage, pool)}, enforced): writes "
+                "fail; delete files in /workspace, or ask for a pool with a larger disk_mb"
+            )
         return (
             f"the workspace is over its disk limit ({_disk_words(usage, pool)}): "
             "delete files in /workspace, or ask for a pool with a larger disk_mb"
@@ -608,6 +633,9 @@ class LocalController:
         while name in self.store.sandboxes:
             name = f"{pool.name}-{random_suffix()}"
         sandbox = Sandbox(
+            disk_image=self.disk_images is not None
+            and pool.disk_limit_bytes() is not None
+            and not pool.keep_workspace,
             name=name,
             pool=pool.name,
             owner=owner,
@@ -662,9 +690,11 @@ class LocalController:
         self.processes[sandbox.name] = proc
         sandbox.ready = False
         try:
+            if sandbox.disk_image:
+                await asyncio.to_thread(self._mount_image, sandbox, pool)
             await proc.start()
         except (OSError, NetworkSetupError, UnsafeMount, subprocess.SubprocessError) as exc:
-            log.error("could not start sandbox %s: %s", sandbox.name, exc)
+            log.error("could not start sandbox %s: %s", sandbox.name, describe(exc))
             if spec.cgroup is not None:
                 await asyncio.to_thread(spec.cgroup.remove)
             self.processes.pop(sandbox.name, None)
@@ -674,6 +704,15 @@ class LocalController:
         sandbox.pid = proc.pid
         self._dirty = True
         proc.supervisor = asyncio.create_task(self._supervise(sandbox.name, proc))
+
+    def _mount_image(self, sandbox: Sandbox, pool: PoolSpec) -> None:
+        if self.disk_images is None:
+            raise OSError(
+                f"its workspace is a disk image in {self.base / IMAGES_SUBDIR}, which only "
+                "a root daemon can mount"
+            )
+        size = pool.disk_limit_bytes() or DEFAULT_DISK_MB * 1024 * 1024
+        self.disk_images.mount(sandbox.name, Path(sandbox.workspace), size)
 
     # -- a pool's packages ------------------------------------------------
 

@@ -24,10 +24,11 @@ from tornado.netutil import bind_sockets, bind_unix_socket
 from ..._version import __version__
 from ...router.local import die_with_parent
 from ...router.tokens import TokenAuthority, new_secret
-from . import host_uid, seccomp_filter
+from . import disk_images, host_uid, seccomp_filter
 from .api import DaemonContext, make_api_app
 from .cgroups import CgroupLimits
 from .controller import LocalController
+from .disk_images import DiskImages
 from .isolation import Isolation, UnsafeMount, probe, python_paths
 from .model import NAMESPACE, PoolSpec
 from .network import user_network_available
@@ -89,6 +90,10 @@ async def serve(args: argparse.Namespace) -> int:
     isolation, limits = describe_confinement(isolation, cgroups)
     if "not enforced" in limits:
         log.warning("sandbox %s", limits)
+    images, disk = workspace_images(base, args.private_mounts)
+    limits = f"{limits}; {disk}"
+    if isolation.isolated:  # its detail lists the limits: the disk's too
+        isolation = Isolation(isolation.kind, f"{isolation.detail}; {disk}", isolation.host)
     controller = LocalController(
         base,
         isolation,
@@ -97,6 +102,7 @@ async def serve(args: argparse.Namespace) -> int:
         cgroups=cgroups,
         limits=limits,
         pip=host_forwarding(str(base)),
+        disk_images=images,
     )
     controller.load([PoolSpec(name=DEFAULT_POOL, replicas=args.default_replicas)])
     controller.remove_stale_cgroups()
@@ -164,6 +170,20 @@ def with_host_identity(isolation: Isolation, base: Path) -> Isolation:
         return Isolation(isolation.kind, detail)
     detail = f"{isolation.detail}; {identity.sandbox_description}"
     return Isolation(isolation.kind, detail, identity)
+
+
+def workspace_images(base: Path, private_mounts: str) -> tuple[DiskImages | None, str]:
+    """A root daemon's workspace images (disk_images.py) and how disk is limited, in words."""
+    if os.geteuid() != 0:
+        return (
+            None,
+            "disk: each workspace measured against its pool's disk_mb (enforcing needs root)",
+        )
+    found = disk_images.probe(base) if not private_mounts else private_mounts
+    if isinstance(found, str):
+        log.warning("workspace sizes are not enforced: %s", found)
+        return None, f"disk: measured, not enforced ({found})"
+    return found, "disk: each workspace an ext4 image of its pool's disk_mb"
 
 
 def describe_confinement(isolation: Isolation, cgroups: CgroupLimits) -> tuple[Isolation, str]:
@@ -349,7 +369,21 @@ def main(argv: list[str] | None = None) -> int:
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
     )
+    args.private_mounts = own_mount_namespace()
     return asyncio.run(serve(args))
+
+
+def own_mount_namespace() -> str:
+    """As root, enter a mount namespace of the daemon's own (before any thread
+    starts): the workspace images mounted there go when the daemon does.  "" when
+    entered, else why not."""
+    if os.geteuid() != 0:
+        return "not root"
+    try:
+        host_uid.private_mount_namespace()
+    except OSError as exc:
+        return f"no mount namespace of its own: {exc}"
+    return ""
 
 
 if __name__ == "__main__":

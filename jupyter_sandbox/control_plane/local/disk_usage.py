@@ -22,11 +22,12 @@ class Usage:
     bytes: int
     entries: int
     complete: bool  # False: the walk stopped at max_entries
+    full: bool = False  # an image that enforces the limit has (almost) no room left
 
     def over(self, limit_bytes: int | None) -> bool:
         if limit_bytes is None:
             return False
-        return self.bytes > limit_bytes or not self.complete
+        return self.bytes > limit_bytes or not self.complete or self.full
 
 
 def measure(root: str, max_entries: int = MAX_ENTRIES) -> Usage:

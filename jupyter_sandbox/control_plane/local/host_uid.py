@@ -185,14 +185,19 @@ def mount_idmapped(mounts: Sequence[IdmappedMount]) -> None:
     since subprocess reports only that the pre-exec function failed.
     """
     try:
-        _unshare(_CLONE_NEWNS)
-        # Mounts the host makes later still appear; nothing of ours goes back.
-        _check(_libc.mount(b"none", b"/", None, _MS_REC | _MS_SLAVE, None), "mount --make-rslave /")
+        private_mount_namespace()
         for mount in mounts:
             _idmap_over_itself(mount)
     except OSError as exc:
         os.write(2, f"jupyter-sandbox: cannot prepare the sandbox's mounts: {exc}\n".encode())
         raise
+
+
+def private_mount_namespace() -> None:
+    """Move the calling process (single-threaded) into a mount namespace of its own:
+    mounts the host makes later still appear, and nothing mounted here goes back."""
+    _unshare(_CLONE_NEWNS)
+    _check(_libc.mount(b"none", b"/", None, _MS_REC | _MS_SLAVE, None), "mount --make-rslave /")
 
 
 def _idmap_over_itself(mount: IdmappedMount) -> None:

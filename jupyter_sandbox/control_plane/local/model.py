@@ -27,7 +27,8 @@ DEFAULT_TMP_MB = 1024
 DEFAULT_MEMORY_MB = 4096
 # ... and no more processes and threads than this, whether by cgroup or rlimit.
 DEFAULT_MAX_PROCESSES = 1024
-# A workspace may hold this much (the daemon watches it; see disk_usage.py).
+# A workspace may hold this much (a root daemon enforces it, disk_images.py; an
+# ordinary user's watches it, disk_usage.py).
 DEFAULT_DISK_MB = 10240
 
 
@@ -199,6 +200,7 @@ class Sandbox:
     files_dir: str = ""  # the notebook's directory, bound at the same path ("": none)
     files_read_only: bool = False
     pool_packages: str = ""  # the pool's installed requirements it was started with
+    disk_image: bool = False  # the workspace is an ext4 image of the pool's disk_mb
     # Observed, not persisted as truth:
     ready: bool = False
     restarts: int = 0
