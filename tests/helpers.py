@@ -429,11 +429,3 @@ def count_bridge_signatures(monkeypatch: Any) -> list[int]:
     monkeypatch.setattr(bridge, "sign", counted)
     return signatures
 
-
-def as_the_daemon_sees(path: str | Path) -> Path:
-    """``path`` in the session daemon's mount namespace: a root daemon mounts its
-    workspaces (ext4 images) where only it and its sandboxes see them."""
-    from jupyter_sandbox.control_plane.local.paths import state_dir
-
-    pid = json.loads((state_dir() / "daemon.json").read_text())["pid"]
-    return Path(f"/proc/{pid}/root") / Path(path).relative_to("/")

@@ -34,7 +34,7 @@ from ..base import (
 )
 from ..runtime_client import busy_answer
 from .cgroups import CgroupError, CgroupLimits, SandboxCgroup
-from .disk_images import IMAGES_SUBDIR, DiskImages, describe
+from .disk_images import IMAGES_SUBDIR, AttachedImage, DiskImages, describe
 from .disk_usage import Usage, measure
 from .isolation import POOLS_SUBDIR, Isolation, UnsafeMount, check_files_dir
 from .liveness import PERIOD_SECONDS as LIVENESS_PERIOD
@@ -136,16 +136,11 @@ class LocalController:
         shutil.rmtree(sandbox.runtime_dir, ignore_errors=True)
         listen_socket(self.base, sandbox.name).unlink(missing_ok=True)
         Path(self._log_path(sandbox.name)).unlink(missing_ok=True)
-        images = self.disk_images if sandbox.disk_image else None
-        if images is not None:
-            try:
-                if keep_workspace:  # the files stay in the image, for the next start
-                    images.unmount(Path(sandbox.workspace))
-                else:
-                    images.remove(sandbox.name, Path(sandbox.workspace))
-            except (OSError, subprocess.SubprocessError) as exc:
-                log.error("sandbox %s: its workspace image: %s", sandbox.name, describe(exc))
-        elif not keep_workspace:
+        if keep_workspace:  # (an image keeps its files for the next start)
+            return
+        if sandbox.disk_image and self.disk_images is not None:
+            self.disk_images.remove(sandbox.name, Path(sandbox.workspace))
+        else:
             shutil.rmtree(sandbox.workspace, ignore_errors=True)
 
     # -- API used by the HTTP handlers ------------------------------------
@@ -420,9 +415,10 @@ class LocalController:
                     self._touch("sandbox", sandbox.name)
 
     def _measure(self, sandbox: Sandbox) -> Usage:
-        workspace = Path(sandbox.workspace)
-        if sandbox.disk_image and os.path.ismount(workspace):
-            return DiskImages.usage(workspace)
+        proc = self.processes.get(sandbox.name)
+        if sandbox.disk_image and proc is not None and proc.pid is not None:
+            # mounted only in the sandbox's own namespace: seen through its /proc
+            return DiskImages.usage(Path(f"/proc/{proc.pid}/root{sandbox.workspace}"))
         return measure(sandbox.workspace)
 
     def disk_view(self, sandbox: Sandbox | None, pool: PoolSpec | None) -> dict[str, Any] | None:
@@ -691,7 +687,7 @@ class LocalController:
         sandbox.ready = False
         try:
             if sandbox.disk_image:
-                await asyncio.to_thread(self._mount_image, sandbox, pool)
+                spec.image = await asyncio.to_thread(self._attach_image, sandbox, pool)
             await proc.start()
         except (OSError, NetworkSetupError, UnsafeMount, subprocess.SubprocessError) as exc:
             log.error("could not start sandbox %s: %s", sandbox.name, describe(exc))
@@ -705,14 +701,14 @@ class LocalController:
         self._dirty = True
         proc.supervisor = asyncio.create_task(self._supervise(sandbox.name, proc))
 
-    def _mount_image(self, sandbox: Sandbox, pool: PoolSpec) -> None:
+    def _attach_image(self, sandbox: Sandbox, pool: PoolSpec) -> AttachedImage:
         if self.disk_images is None:
             raise OSError(
                 f"its workspace is a disk image in {self.base / IMAGES_SUBDIR}, which only "
                 "a root daemon can mount"
             )
         size = pool.disk_limit_bytes() or DEFAULT_DISK_MB * 1024 * 1024
-        self.disk_images.mount(sandbox.name, Path(sandbox.workspace), size)
+        return self.disk_images.attach(sandbox.name, Path(sandbox.workspace), size)
 
     # -- a pool's packages ------------------------------------------------
 

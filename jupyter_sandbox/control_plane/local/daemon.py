@@ -90,7 +90,7 @@ async def serve(args: argparse.Namespace) -> int:
     isolation, limits = describe_confinement(isolation, cgroups)
     if "not enforced" in limits:
         log.warning("sandbox %s", limits)
-    images, disk = workspace_images(base, args.private_mounts)
+    images, disk = workspace_images(base)
     limits = f"{limits}; {disk}"
     if isolation.isolated:  # its detail lists the limits: the disk's too
         isolation = Isolation(isolation.kind, f"{isolation.detail}; {disk}", isolation.host)
@@ -172,14 +172,14 @@ def with_host_identity(isolation: Isolation, base: Path) -> Isolation:
     return Isolation(isolation.kind, detail, identity)
 
 
-def workspace_images(base: Path, private_mounts: str) -> tuple[DiskImages | None, str]:
+def workspace_images(base: Path) -> tuple[DiskImages | None, str]:
     """A root daemon's workspace images (disk_images.py) and how disk is limited, in words."""
     if os.geteuid() != 0:
         return (
             None,
             "disk: each workspace measured against its pool's disk_mb (enforcing needs root)",
         )
-    found = disk_images.probe(base) if not private_mounts else private_mounts
+    found = disk_images.probe(base)
     if isinstance(found, str):
         log.warning("workspace sizes are not enforced: %s", found)
         return None, f"disk: measured, not enforced ({found})"
@@ -369,21 +369,7 @@ def main(argv: list[str] | None = None) -> int:
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
     )
-    args.private_mounts = own_mount_namespace()
     return asyncio.run(serve(args))
-
-
-def own_mount_namespace() -> str:
-    """As root, enter a mount namespace of the daemon's own (before any thread
-    starts): the workspace images mounted there go when the daemon does.  "" when
-    entered, else why not."""
-    if os.geteuid() != 0:
-        return "not root"
-    try:
-        host_uid.private_mount_namespace()
-    except OSError as exc:
-        return f"no mount namespace of its own: {exc}"
-    return ""
 
 
 if __name__ == "__main__":

@@ -3,28 +3,34 @@ enforces the limit (a write past it fails with ENOSPC), so one sandbox cannot fi
 the host's disk.
 
 An ordinary user's daemon has no way to enforce a size (project quotas and loop
-mounts need root), so there the daemon measures workspaces (``disk_usage.py``)
+devices need root), so there the daemon measures workspaces (``disk_usage.py``)
 and marks a claim that is over its limit.
 
 The images are sparse files in ``<state>/disks``: a new 10 GB image takes about
-4 MB, and mkfs and mount take a few milliseconds each. They are mounted in the
-daemon's own mount namespace (``host_uid.private_mount_namespace``), which its
-sandboxes inherit and the host does not see: when the daemon exits, however it
-exits, the mounts and their loop devices go with it, and the next daemon mounts an
-image again when it starts its sandbox. A claim's data lives in the image until
-the claim is released; then the image is deleted with the workspace.
+4 MB, and mkfs takes a few milliseconds. Nothing is mounted on the host. At each
+start of a sandbox the daemon attaches the image to a loop device (auto-clearing)
+and the sandbox's first process mounts it over the workspace in the mount
+namespace it makes for itself (``host_uid.mount_idmapped``): the mount lives as
+long as the sandbox, and when the sandbox stops, however it stops, the loop device
+is freed. A claim's files stay in its image between starts (suspend, resume, a
+daemon restart) and the image is deleted with the claim.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import logging
 import os
 import shutil
+import struct
 import subprocess
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from .disk_usage import Usage
+from .host_uid import _check, _libc, mount_idmapped
 from .paths import private_dir
 
 log = logging.getLogger(__name__)
@@ -42,13 +48,49 @@ _MKFS = [
     "lazy_itable_init=1,lazy_journal_init=1,root_owner=0:0",
 ]
 # The runtime loads packages' shared libraries from the workspace: not noexec.
-_MOUNT_OPTIONS = "loop,nosuid,nodev"
+_MS_NOSUID, _MS_NODEV = 0x2, 0x4
+_LOOP_CTL_GET_FREE = 0x4C82
+_LOOP_CONFIGURE = 0x4C0A
+_LO_FLAGS_AUTOCLEAR = 4
+# struct loop_config: fd, block_size, struct loop_info64 (232 bytes: lo_flags at
+# 52), 8 reserved u64
+_LOOP_CONFIG_BYTES = 304
+_LOOP_CONFIG_FLAGS_AT = 8 + 52
 _PROBE_BYTES = 16 * 1024 * 1024
 _TIMEOUT = 60
 
 
+@dataclass
+class AttachedImage:
+    """An image on a loop device, held open by the daemon until the sandbox's first
+    process has mounted it (``release``); the device frees itself after that."""
+
+    device: str
+    fd: int
+    fresh: bool  # just made: the sandbox's first mount tidies it
+
+    def mount_over(self, workspace: str) -> None:
+        """In the child, in its own mount namespace: mount the image at
+        ``workspace``; the first time, drop mkfs's lost+found and make it 0700."""
+        _check(
+            _libc.mount(
+                self.device.encode(), workspace.encode(), b"ext4", _MS_NOSUID | _MS_NODEV, None
+            ),
+            f"mount {self.device} on {workspace}",
+        )
+        if self.fresh:
+            os.rmdir(os.path.join(workspace, "lost+found"))  # e2fsck makes it if needed
+        os.chmod(workspace, 0o700)
+
+    def release(self) -> None:
+        try:
+            os.close(self.fd)
+        except OSError:
+            pass
+
+
 class DiskImages:
-    """Make, mount, measure and delete the workspace images in one directory."""
+    """Make, attach, measure and delete the workspace images in one directory."""
 
     def __init__(self, directory: Path) -> None:
         self.directory = private_dir(directory)
@@ -56,13 +98,10 @@ class DiskImages:
     def image(self, sandbox: str) -> Path:
         return self.directory / f"{sandbox}.ext4"
 
-    def mount(self, sandbox: str, workspace: Path, size_bytes: int) -> None:
-        """Mount the sandbox's image at ``workspace``, making it the first time.
-        Nothing to do when it is mounted already.  Raises OSError or
-        SubprocessError (with mkfs's or mount's words) and leaves no image made
-        by this call behind."""
-        if os.path.ismount(workspace):
-            return
+    def attach(self, sandbox: str, workspace: Path, size_bytes: int) -> AttachedImage:
+        """The sandbox's image on a loop device, made the first time (empty, of
+        ``size_bytes``).  Raises OSError or SubprocessError (with mkfs's words) and
+        leaves no image made by this call behind."""
         image = self.image(sandbox)
         fresh = not image.exists()
         if fresh:
@@ -70,16 +109,14 @@ class DiskImages:
                 # A workspace from before images: mounting over it would hide it.
                 raise OSError(f"{workspace} already holds files; not mounting an image over them")
             self._make(image, size_bytes)
-        private_dir(workspace)
+        private_dir(workspace)  # the mount point, empty on the host
         try:
-            _run(["mount", "-t", "ext4", "-o", _MOUNT_OPTIONS, str(image), str(workspace)])
+            device, fd = _loop_device(image)
         except BaseException:
             if fresh:
                 image.unlink(missing_ok=True)
             raise
-        if fresh:
-            (workspace / "lost+found").rmdir()  # e2fsck makes it again if it needs one
-        workspace.chmod(0o700)
+        return AttachedImage(device, fd, fresh)
 
     def _make(self, image: Path, size_bytes: int) -> None:
         try:
@@ -90,44 +127,61 @@ class DiskImages:
             image.unlink(missing_ok=True)
             raise
 
-    def unmount(self, workspace: Path) -> None:
-        if not os.path.ismount(workspace):
-            return
-        try:
-            _run(["umount", str(workspace)])
-        except subprocess.CalledProcessError:
-            # Still busy (a process of the sandbox not reaped yet): detach it now,
-            # the loop device goes when the last user does.
-            _run(["umount", "--lazy", str(workspace)])
-
     def remove(self, sandbox: str, workspace: Path) -> None:
-        """Unmount and delete the image and the mount point."""
-        self.unmount(workspace)
+        """Delete the image and the (empty) mount point."""
         self.image(sandbox).unlink(missing_ok=True)
         shutil.rmtree(workspace, ignore_errors=True)
 
-    def holds(self, sandbox: str) -> bool:
-        return self.image(sandbox).exists()
-
     @staticmethod
     def usage(workspace: Path) -> Usage:
-        """What the mounted image holds (its filesystem's own records included),
-        and whether it is full: less room left than a 200th of it, or 1 MB."""
+        """What a mounted image holds (its filesystem's own records included), and
+        whether it is full: less room left than a 200th of it, or 1 MB.
+        ``workspace`` is a path that shows the mount (the sandbox's, via /proc)."""
         info = os.statvfs(workspace)
-        size = _image_size(workspace)
+        size = _device_size(workspace)
         room = info.f_bavail * info.f_frsize
         full = room < max(1024 * 1024, size // 200) or info.f_favail == 0
         return Usage(max(0, size - room), info.f_files - info.f_ffree, True, full)
 
 
-def _image_size(workspace: Path) -> int:
-    """The mounted image's length (its pool's ``disk_mb``), from its loop device."""
-    device = os.stat(workspace).st_dev
+def _loop_device(image: Path) -> tuple[str, int]:
+    """Attach ``image`` to a free loop device that clears itself when its last
+    user goes; the device's path and an open descriptor."""
+    flags = os.O_RDWR | os.O_CLOEXEC
+    backing = os.open(image, flags)
+    try:
+        control = os.open("/dev/loop-control", flags)
+        try:
+            for _attempt in range(16):  # another process may take the same free one
+                number = fcntl.ioctl(control, _LOOP_CTL_GET_FREE)
+                device = f"/dev/loop{number}"
+                fd = os.open(device, flags)
+                config = bytearray(_LOOP_CONFIG_BYTES)
+                struct.pack_into("<I", config, 0, backing)
+                struct.pack_into("<I", config, _LOOP_CONFIG_FLAGS_AT, _LO_FLAGS_AUTOCLEAR)
+                try:
+                    fcntl.ioctl(fd, _LOOP_CONFIGURE, bytes(config))
+                except OSError as exc:
+                    os.close(fd)
+                    if exc.errno == errno.EBUSY:
+                        continue
+                    raise
+                return device, fd
+            raise OSError(errno.EBUSY, "no free loop device")
+        finally:
+            os.close(control)
+    finally:
+        os.close(backing)  # the loop device holds its own reference
+
+
+def _device_size(path: Path) -> int:
+    """The length of the block device mounted at ``path`` (the image's size)."""
+    device = os.stat(path).st_dev
     sysfs = Path(f"/sys/dev/block/{os.major(device)}:{os.minor(device)}/size")
     try:
         return int(sysfs.read_text()) * 512
     except (OSError, ValueError):
-        info = os.statvfs(workspace)
+        info = os.statvfs(path)
         return info.f_blocks * info.f_frsize
 
 
@@ -153,25 +207,38 @@ def describe(error: BaseException) -> str:
 
 
 def probe(base: Path) -> DiskImages | str:
-    """The images, tried for real (make, mount, write, unmount), or why there are
-    none.  Call it in the daemon's own mount namespace."""
+    """The images, tried for real (make, attach, mount in a child's namespace,
+    write), or why there are none."""
     if os.geteuid() != 0:
         return "needs a root daemon"
-    missing = [tool for tool in ("mkfs.ext4", "mount", "umount") if shutil.which(tool) is None]
-    if missing:
-        return f"{', '.join(missing)} not found (Debian/Ubuntu: apt install e2fsprogs mount)"
+    if shutil.which("mkfs.ext4") is None:
+        return "mkfs.ext4 not found (Debian/Ubuntu: apt install e2fsprogs)"
     images = DiskImages(base / IMAGES_SUBDIR)
     with tempfile.TemporaryDirectory(dir=base, prefix=".disk-probe-") as scratch:
         workspace = Path(scratch) / "workspace"
         name = Path(scratch).name
         try:
-            images.mount(name, workspace, _PROBE_BYTES)
-            (workspace / "probe").write_bytes(b"x")
-        except (OSError, subprocess.SubprocessError) as exc:
-            return f"no workspace images: {describe(exc)}"
-        finally:
+            attached = images.attach(name, workspace, _PROBE_BYTES)
             try:
-                images.remove(name, workspace)
-            except (OSError, subprocess.SubprocessError) as exc:
-                log.warning("could not remove the disk image probe: %s", describe(exc))
+
+                def write() -> None:
+                    attached.mount_over(str(workspace))
+                    with open(workspace / "probe", "wb") as handle:
+                        handle.write(b"x")
+
+                subprocess.run(
+                    ["true"],
+                    check=True,
+                    stderr=subprocess.PIPE,
+                    preexec_fn=lambda: mount_idmapped([], first=write),
+                    timeout=_TIMEOUT,
+                )
+            finally:
+                attached.release()
+        except (OSError, subprocess.SubprocessError) as exc:
+            detail = getattr(exc, "stderr", b"") or b""
+            words = detail.decode(errors="replace").strip() if isinstance(detail, bytes) else ""
+            return f"no workspace images: {words or describe(exc)}"
+        finally:
+            images.remove(name, workspace)
     return images

@@ -30,7 +30,7 @@ import logging
 import os
 import subprocess
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -176,9 +176,12 @@ class HostIdentity:
         return self._idmap_by_device[device]
 
 
-def mount_idmapped(mounts: Sequence[IdmappedMount]) -> None:
-    """Between fork and exec: in a mount namespace of the child's own, put an
-    idmapped clone of each directory over itself (nosuid, nodev).
+def mount_idmapped(
+    mounts: Sequence[IdmappedMount], *, first: Callable[[], None] | None = None
+) -> None:
+    """Between fork and exec: in a mount namespace of the child's own, run
+    ``first`` (it mounts the workspace's image), then put an idmapped clone of each
+    directory over itself (nosuid, nodev).
 
     bubblewrap, started next, copies this namespace and binds the directories from
     there. Errors go to the child's stderr (the sandbox's log) before they are raised,
@@ -186,6 +189,8 @@ def mount_idmapped(mounts: Sequence[IdmappedMount]) -> None:
     """
     try:
         private_mount_namespace()
+        if first is not None:
+            first()
         for mount in mounts:
             _idmap_over_itself(mount)
     except OSError as exc:

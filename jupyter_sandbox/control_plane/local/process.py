@@ -21,6 +21,7 @@ from ...runtime import landlock
 from ...runtime.paths import PACKAGES_DIR
 from . import seccomp_filter
 from .cgroups import SandboxCgroup
+from .disk_images import AttachedImage
 from .host_uid import (
     HostIdentity,
     IdmappedMount,
@@ -97,6 +98,7 @@ class LaunchSpec:
     files_read_only: bool = False
     pool_packages: Path | None = None  # the pool's installed requirements (read-only)
     ro_files: tuple[str, ...] = ()  # host files shown read-only at their own path
+    image: AttachedImage | None = None  # the workspace's image, for this start only
 
 
 def sandbox_env(spec: LaunchSpec, isolation: Isolation) -> dict[str, str]:
@@ -200,8 +202,9 @@ class SandboxProcess:
         spec = self.spec
         private_dir(spec.workspace)
         private_dir(spec.runtime_dir)
-        # Present from the start, so packages installed later import without a restart.
-        if not make_dirs_inside(spec.workspace, PACKAGES_DIR):
+        # Present from the start, so packages installed later import without a
+        # restart (in an image: made by the child once it has mounted it).
+        if spec.image is None and not make_dirs_inside(spec.workspace, PACKAGES_DIR):
             log.warning("%s: %s is not a directory; not made", spec.name, PACKAGES_DIR)
         env = sandbox_env(spec, self.isolation)
         self._idmapped = self._idmapped_dirs()
@@ -241,6 +244,9 @@ class SandboxProcess:
             for fd in owned:  # the child holds its own copies
                 os.close(fd)
             listener.close()
+            if spec.image is not None:  # mounted in the child (or never): let go
+                spec.image.release()
+                spec.image = None
         if shake is not None:
             try:
                 await self._attach_network(shake)
@@ -303,10 +309,18 @@ class SandboxProcess:
         self.spec.limits.apply()
         if self.spec.cgroup is not None:
             self.spec.cgroup.enter()
-        if self._idmapped:
-            mount_idmapped(self._idmapped)
+        if self._idmapped or self.spec.image is not None:
+            mount_idmapped(self._idmapped, first=self._mount_image)
         if self.isolation.kind == "landlock" and os.geteuid() == 0:
             drop_capabilities()  # (bubblewrap drops them in its own sandboxes)
+
+    def _mount_image(self) -> None:
+        """In the child's own mount namespace: the workspace's image over it."""
+        image, workspace = self.spec.image, self.spec.workspace
+        if image is None:
+            return
+        image.mount_over(str(workspace))
+        make_dirs_inside(workspace, PACKAGES_DIR)
 
     def _command(
         self,
