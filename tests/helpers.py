@@ -428,4 +428,3 @@ def count_bridge_signatures(monkeypatch: Any) -> list[int]:
 
     monkeypatch.setattr(bridge, "sign", counted)
     return signatures
-

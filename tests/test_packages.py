@@ -143,7 +143,10 @@ async def test_pip_packages_stay_with_the_project_across_kernels_and_restarts(
     with jupyter_server(tmp_path, root=root) as server:
         after = await _imports(server, "analysis/four.ipynb")
         assert after.startswith("installed in the sandbox"), after
-    with SandboxClient() as client, client.create_sandbox(sandbox_ready_timeout=120) as sb:
+    with (
+        SandboxClient() as client,
+        client.create_sandbox("default", sandbox_ready_timeout=120) as sb,
+    ):
         clean = sb.commands.run(f"python3 -c 'import {PACKAGE}'")
         assert "ModuleNotFoundError" in clean.stderr, clean
     if os.geteuid() == 0:  # as root the project's packages are an image of bounded size

@@ -412,6 +412,7 @@ const RESOURCE_LABELS: Record<string, string> = {
   cpu_seconds: 'CPU time limit',
   restarts: 'Restarts',
   files_dir: 'Notebook files',
+  packages_dir: '%pip packages',
   disk: 'Workspace disk',
   pod: 'Pod',
   node: 'Node',
@@ -447,6 +448,12 @@ export function resourceRows(resources: Record<string, unknown>): [string, strin
         break;
       case 'cpu_seconds':
         text = value ? `${value} s` : 'none';
+        break;
+      case 'packages_dir':
+        text = value
+          ? `kept for this project in ${value} (to give every sandbox of a pool ` +
+            "a package: jupyter-sandbox pool create NAME --requirements FILE)"
+          : '';
         break;
       case 'files_dir':
         text = value ? `${value}${resources.files_read_only ? ' (read-only)' : ''}` : '';

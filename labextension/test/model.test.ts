@@ -228,6 +228,17 @@ describe('resourceRows', () => {
     ]);
   });
 
+  it('says where the project keeps its %pip packages, and how to put them in a pool', () => {
+    expect(resourceRows({ packages_dir: '/state/projects/ab12' })).toEqual([
+      [
+        '%pip packages',
+        'kept for this project in /state/projects/ab12 (to give every sandbox of a pool ' +
+          'a package: jupyter-sandbox pool create NAME --requirements FILE)'
+      ]
+    ]);
+    expect(resourceRows({ packages_dir: null })).toEqual([]);
+  });
+
   it('says the workspace disk use, whether the limit is enforced, and when it is reached', () => {
     expect(resourceRows({ disk: { limit_mb: 10240, used_mb: 12.5, over: false } })).toEqual([
       ['Workspace disk', '12.5 MB of 10240 MB']

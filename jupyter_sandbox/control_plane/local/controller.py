@@ -36,7 +36,7 @@ from ..runtime_client import busy_answer
 from .cgroups import CgroupError, CgroupLimits, SandboxCgroup
 from .disk_images import IMAGES_SUBDIR, AttachedImage, DiskImages, describe
 from .disk_usage import Usage, measure
-from .isolation import POOLS_SUBDIR, Isolation, UnsafeMount, check_files_dir
+from .isolation import POOLS_SUBDIR, PROJECTS_SUBDIR, Isolation, UnsafeMount, check_files_dir
 from .liveness import PERIOD_SECONDS as LIVENESS_PERIOD
 from .liveness import LivenessProbe
 from .model import (
@@ -112,7 +112,7 @@ class LocalController:
         self.disk_images = disk_images  # a root daemon's: workspaces of enforced size
         # Several daemons (users' state directories) may share one cgroup parent.
         self._cgroup_prefix = hashlib.sha256(str(base).encode()).hexdigest()[:8] + "-"
-        for sub in ("workspaces", "run", "sockets", "logs", POOLS_SUBDIR):
+        for sub in ("workspaces", "run", "sockets", "logs", POOLS_SUBDIR, PROJECTS_SUBDIR):
             private_dir(base / sub)
 
     # -- start-up --------------------------------------------------------
@@ -312,6 +312,7 @@ class LocalController:
                 "owner_pid": claim.owner_pid,
                 "files_dir": claim.files_dir or None,
                 "files_read_only": bool(sandbox and sandbox.files_read_only),
+                "packages_dir": sandbox.packages_dir or None if sandbox else None,
                 "disk": self.disk_view(sandbox, pool),
             },
         }
@@ -419,7 +420,15 @@ class LocalController:
         if sandbox.disk_image and proc is not None and proc.pid is not None:
             # mounted only in the sandbox's own namespace: seen through its /proc
             return DiskImages.usage(Path(f"/proc/{proc.pid}/root{sandbox.workspace}"))
-        return measure(sandbox.workspace)
+        usage = measure(sandbox.workspace)
+        if sandbox.packages_dir:  # kept for the project, counted with the workspace
+            kept = measure(sandbox.packages_dir)
+            usage = Usage(
+                usage.bytes + kept.bytes,
+                usage.entries + kept.entries,
+                usage.complete and kept.complete,
+            )
+        return usage
 
     def disk_view(self, sandbox: Sandbox | None, pool: PoolSpec | None) -> dict[str, Any] | None:
         if sandbox is None:
@@ -640,6 +649,7 @@ class LocalController:
             runtime_dir=str(runtime_dir(self.base, name)),
             files_dir=files_dir,
             files_read_only=bool(files_dir) and pool.files == FILES_READ_ONLY,
+            packages_dir=self._project_packages(files_dir) if files_dir else "",
         )
         packages = self.pool_envs.get(pool.name)
         if pool.requirements and packages is not None and packages.phase == READY:
@@ -647,6 +657,17 @@ class LocalController:
         self.store.sandboxes[name] = sandbox
         self._touch("sandbox", name)
         return sandbox
+
+    def _project_packages(self, files_dir: str) -> str:
+        """Where a notebook project's %pip packages are kept, across its kernels
+        (bubblewrap binds them over the workspace's; without it they stay there).
+        A file beside says which project it is, for whoever looks."""
+        if not self.isolation.isolated:
+            return ""
+        key = hashlib.sha256(files_dir.encode()).hexdigest()[:16]
+        projects = self.base / PROJECTS_SUBDIR
+        (projects / f"{key}.project").write_text(files_dir + "\n")
+        return str(projects / key)
 
     def _log_path(self, name: str) -> str:
         return str(self.base / "logs" / f"{name}.log")
@@ -668,6 +689,7 @@ class LocalController:
             cgroup=self._cgroup(sandbox.name, pool),
             files_dir=Path(sandbox.files_dir) if sandbox.files_dir else None,
             files_read_only=sandbox.files_read_only,
+            packages_dir=Path(sandbox.packages_dir) if sandbox.packages_dir else None,
             pool_packages=Path(sandbox.pool_packages) if sandbox.pool_packages else None,
             ro_files=tuple(self.pip.files) if pool.pip_config else (),
         )
@@ -688,9 +710,12 @@ class LocalController:
         try:
             if sandbox.disk_image:
                 spec.image = await asyncio.to_thread(self._attach_image, sandbox, pool)
+            if sandbox.packages_dir:
+                await asyncio.to_thread(self._prepare_packages, proc, pool)
             await proc.start()
         except (OSError, NetworkSetupError, UnsafeMount, subprocess.SubprocessError) as exc:
             log.error("could not start sandbox %s: %s", sandbox.name, describe(exc))
+            proc.exited()
             if spec.cgroup is not None:
                 await asyncio.to_thread(spec.cgroup.remove)
             self.processes.pop(sandbox.name, None)
@@ -700,6 +725,20 @@ class LocalController:
         sandbox.pid = proc.pid
         self._dirty = True
         proc.supervisor = asyncio.create_task(self._supervise(sandbox.name, proc))
+
+    def _prepare_packages(self, proc: SandboxProcess, pool: PoolSpec) -> None:
+        """The project's packages directory; as root an image of the pool's disk_mb
+        like the workspace, so %pip cannot fill the host's disk either."""
+        spec = proc.spec
+        assert spec.packages_dir is not None
+        images, name = self.disk_images, f"packages-{spec.packages_dir.name}"
+        limit = pool.disk_limit_bytes()
+        if images is None or not images.holds(name, spec.packages_dir, limit is not None):
+            private_dir(spec.packages_dir)
+            return
+        size = limit or DEFAULT_DISK_MB * 1024 * 1024
+        spec.packages_image = images.attach_shared(name, spec.packages_dir, size)
+        proc.on_exit.append(lambda: images.release_shared(name))
 
     def _attach_image(self, sandbox: Sandbox, pool: PoolSpec) -> AttachedImage:
         if self.disk_images is None:

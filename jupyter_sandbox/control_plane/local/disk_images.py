@@ -26,7 +26,7 @@ import shutil
 import struct
 import subprocess
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .disk_usage import Usage
@@ -94,6 +94,7 @@ class DiskImages:
 
     def __init__(self, directory: Path) -> None:
         self.directory = private_dir(directory)
+        self._shared: dict[str, tuple[AttachedImage, int]] = {}
 
     def image(self, sandbox: str) -> Path:
         return self.directory / f"{sandbox}.ext4"
@@ -117,6 +118,37 @@ class DiskImages:
                 image.unlink(missing_ok=True)
             raise
         return AttachedImage(device, fd, fresh)
+
+    def holds(self, name: str, mountpoint: Path, limited: bool) -> bool:
+        """Whether ``name`` is (or is to be) an image: it is one already, or it
+        is new and has a limit.  A plain directory with files stays one."""
+        if self.image(name).exists():
+            return True
+        return limited and not _has_entries(mountpoint)
+
+    def attach_shared(self, name: str, mountpoint: Path, size_bytes: int) -> AttachedImage:
+        """An image that several sandboxes mount at once (a project's packages):
+        one loop device for all of them, so every mount shares one filesystem (two
+        devices over one image would corrupt it).  Each call is matched by one
+        ``release_shared``; the device goes after the last."""
+        held = self._shared.get(name)
+        if held is not None:
+            image, users = held
+            self._shared[name] = (image, users + 1)
+            return replace(image, fresh=False)
+        image = self.attach(name, mountpoint, size_bytes)
+        self._shared[name] = (image, 1)
+        return image
+
+    def release_shared(self, name: str) -> None:
+        held = self._shared.pop(name, None)
+        if held is None:
+            return
+        image, users = held
+        if users > 1:
+            self._shared[name] = (image, users - 1)
+        else:
+            image.release()
 
     def _make(self, image: Path, size_bytes: int) -> None:
         try:

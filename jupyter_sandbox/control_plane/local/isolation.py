@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ...runtime import landlock
+from ...runtime.paths import PACKAGES_DIR
 
 if TYPE_CHECKING:
     from .host_uid import HostIdentity
@@ -29,6 +30,7 @@ RUNTIME_DIR = "/run/sandbox"
 # Where a pool's installed requirements appear, read-only.
 POOL_PACKAGES = "/run/pool-packages"
 POOLS_SUBDIR = "pools"
+PROJECTS_SUBDIR = "projects"  # notebook projects' %pip packages, kept across kernels
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 ETC_FILES = (
     "/etc/resolv.conf",
@@ -341,6 +343,7 @@ class Confinement:
     resolv_conf: str | None = None  # replaces /etc/resolv.conf (a resolver reachable inside)
     files_dir: str | None = None  # the notebook's directory, bound at its own path
     files_read_only: bool = False
+    packages_dir: str | None = None  # the project's %pip packages, over PACKAGES_DIR
     # The sandboxes' user namespace when a root daemon runs them as another host uid
     # (host_uid.py); None: bubblewrap makes one that maps SANDBOX_UID to the caller.
     userns_fd: int | None = None
@@ -508,6 +511,8 @@ def bwrap_command(
             # (system files are there already)
             args += [*_parents(path, made), "--ro-bind", real, path]
     args += ["--bind", workspace, WORKSPACE, "--bind", runtime_dir, RUNTIME_DIR]
+    if c.packages_dir:
+        args += ["--bind", c.packages_dir, f"{WORKSPACE}/{PACKAGES_DIR}"]
     # bwrap's root is an unsized tmpfs the sandbox user owns (its own uid's, as an
     # ordinary user): a file written into /, /etc or /run escaped every memory
     # bound. Read-only once every mount point is made; the binds keep their modes.

@@ -201,6 +201,8 @@ class Sandbox:
     files_read_only: bool = False
     pool_packages: str = ""  # the pool's installed requirements it was started with
     disk_image: bool = False  # the workspace is an ext4 image of the pool's disk_mb
+    # The notebook project's %pip packages, kept across its kernels ("": the workspace's)
+    packages_dir: str = ""
     # Observed, not persisted as truth:
     ready: bool = False
     restarts: int = 0

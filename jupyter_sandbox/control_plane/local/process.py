@@ -10,6 +10,7 @@ import os
 import resource
 import signal
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from socket import socket as Socket
@@ -99,6 +100,8 @@ class LaunchSpec:
     pool_packages: Path | None = None  # the pool's installed requirements (read-only)
     ro_files: tuple[str, ...] = ()  # host files shown read-only at their own path
     image: AttachedImage | None = None  # the workspace's image, for this start only
+    packages_dir: Path | None = None  # the project's %pip packages (see Sandbox)
+    packages_image: AttachedImage | None = None  # ... as an image, shared while in use
 
 
 def sandbox_env(spec: LaunchSpec, isolation: Isolation) -> dict[str, str]:
@@ -177,6 +180,7 @@ class SandboxProcess:
         self._ready_reader: asyncio.Task[None] | None = None
         self.network: UserNetwork | None = None
         self._idmapped: list[IdmappedMount] = []
+        self.on_exit: list[Callable[[], None]] = []  # run once, when the process is gone
 
     @property
     def socket(self) -> Path:
@@ -273,6 +277,8 @@ class SandboxProcess:
         dirs = [spec.workspace, spec.runtime_dir]
         if spec.files_dir is not None:
             dirs.append(spec.files_dir)
+        if spec.packages_dir is not None:
+            dirs.append(spec.packages_dir)
         return [host.idmapped(path) for path in dirs]
 
     def _wants_user_network(self) -> bool:
@@ -309,18 +315,20 @@ class SandboxProcess:
         self.spec.limits.apply()
         if self.spec.cgroup is not None:
             self.spec.cgroup.enter()
-        if self._idmapped or self.spec.image is not None:
-            mount_idmapped(self._idmapped, first=self._mount_image)
+        if self._idmapped or self.spec.image or self.spec.packages_image:
+            mount_idmapped(self._idmapped, first=self._mount_images)
         if self.isolation.kind == "landlock" and os.geteuid() == 0:
             drop_capabilities()  # (bubblewrap drops them in its own sandboxes)
 
-    def _mount_image(self) -> None:
-        """In the child's own mount namespace: the workspace's image over it."""
-        image, workspace = self.spec.image, self.spec.workspace
-        if image is None:
-            return
-        image.mount_over(str(workspace))
-        make_dirs_inside(workspace, PACKAGES_DIR)
+    def _mount_images(self) -> None:
+        """In the child's own mount namespace: the workspace's image over it, and
+        the project's packages' over theirs."""
+        spec = self.spec
+        if spec.image is not None:
+            spec.image.mount_over(str(spec.workspace))
+            make_dirs_inside(spec.workspace, PACKAGES_DIR)
+        if spec.packages_image is not None and spec.packages_dir is not None:
+            spec.packages_image.mount_over(str(spec.packages_dir))
 
     def _command(
         self,
@@ -381,6 +389,7 @@ class SandboxProcess:
             resolv_conf=self._resolv_conf() if netns_args else None,
             files_dir=str(spec.files_dir) if spec.files_dir is not None else None,
             files_read_only=spec.files_read_only,
+            packages_dir=str(spec.packages_dir) if spec.packages_dir is not None else None,
             pool_packages=str(spec.pool_packages) if spec.pool_packages else None,
             ro_files=spec.ro_files,
             userns_fd=self._userns_fd,
@@ -411,7 +420,14 @@ class SandboxProcess:
             await self.network.close()
         if self.spec.cgroup is not None:  # whatever is left in it goes too
             await asyncio.to_thread(self.spec.cgroup.remove)
+        self.exited()
         return code
+
+    def exited(self) -> None:
+        """Run the ``on_exit`` callbacks (once): the process is gone or never ran."""
+        callbacks, self.on_exit = self.on_exit, []
+        for callback in callbacks:
+            callback()
 
     async def stop(self, grace: float = 3.0) -> None:
         proc = self.proc
