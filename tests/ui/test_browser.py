@@ -811,3 +811,63 @@ def _idle_kernels(lab: Lab) -> list[str]:
     request = urllib.request.Request(f"{lab.url}/api/kernels", headers=headers)
     with urllib.request.urlopen(request, timeout=30) as response:
         return [k["id"] for k in json.loads(response.read()) if k["execution_state"] == "idle"]
+
+
+def test_pip_packages_stay_with_the_project_after_a_restart(tmp_path: Path) -> None:
+    """%pip in a notebook, JupyterLab stopped and started again: the project's next
+    kernel imports the package at once, another project's does not, and Sandbox
+    Details says where the packages are kept and how to put them in a pool."""
+    import nbformat
+    from nbformat.v4 import new_notebook
+    from playwright.sync_api import expect
+
+    from ..test_packages import PACKAGE, build_wheel
+
+    def notebook(folder: Path, name: str) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        nb = new_notebook()
+        nb.metadata["kernelspec"] = {
+            "name": "sandbox-default",
+            "display_name": KERNEL_DISPLAY,
+            "language": "python",
+        }
+        nbformat.write(nb, folder / name)
+
+    def open_notebook(page: Any, lab: Lab, path: str) -> None:
+        page.goto(f"{lab.url}/lab/tree/{path}?token={lab.token}")
+        current = page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab.lm-mod-current")
+        expect(current).to_contain_text(Path(path).name, timeout=TIMEOUT_MS)
+        status = page.locator(".jp-SandboxStatus")
+        expect(status).to_have_attribute("data-sandbox-state", "idle", timeout=TIMEOUT_MS)
+        expect(page.locator(".jp-NotebookPanel:not(.lm-mod-hidden)")).to_have_count(1)
+
+    first = tmp_path / "first"
+    first.mkdir()
+    project = first / "notebooks" / "analysis"
+    notebook(project, "one.ipynb")
+    wheel = build_wheel(project)
+    with lab_in_browser(first) as (lab, page, shots):
+        open_notebook(page, lab, "analysis/one.ipynb")
+        run_cell(page, f"%pip install --no-index {wheel.name}", "Successfully installed")
+        run_command(page, "Show Sandbox Details")
+        dialog = page.locator(".jp-Dialog")
+        dialog.locator(".jp-SandboxDetails").wait_for()
+        details = dialog.inner_text()
+        assert "%pip packages\tkept for this project in" in details, details
+        assert "--requirements" in details, details
+        page.screenshot(path=str(shots / "01-kept-for-the-project.png"))
+        dialog.locator("button", has_text="Close").click()
+
+    # JupyterLab again, on a root that holds the same project (by its real path).
+    second = tmp_path / "second"
+    (second / "notebooks").mkdir(parents=True)
+    (second / "notebooks" / "analysis").symlink_to(project)
+    notebook(second / "notebooks" / "other", "x.ipynb")
+    notebook(project, "two.ipynb")
+    with lab_in_browser(second) as (lab, page, shots):
+        open_notebook(page, lab, "analysis/two.ipynb")
+        run_cell(page, f"import {PACKAGE}; print('found:', {PACKAGE}.VALUE)", "found: installed")
+        page.screenshot(path=str(shots / "02-still-there.png"))
+        open_notebook(page, lab, "other/x.ipynb")
+        run_cell(page, f"import {PACKAGE}", "ModuleNotFoundError")
+        page.screenshot(path=str(shots / "03-not-in-another-project.png"))
