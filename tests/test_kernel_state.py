@@ -150,6 +150,39 @@ async def test_pool_options_bound_or_turn_off_saving(
         await apply_pool(pool, None)
 
 
+async def test_a_suspend_that_cannot_save_the_variables_is_refused(tmp_path: Path) -> None:
+    """A save too slow for the pool's state_timeout used to end in a suspend anyway:
+    every variable lost. Now the suspend is refused with the reason and the kernel
+    runs on with them; only force suspends it."""
+    pool = "slowsave"
+    await apply_pool(pool, {"replicas": 0, "state_timeout": 0.05})
+    install_kernelspec(pool, prefix=str(ROOT))
+    try:
+        with jupyter_server(tmp_path) as server:
+            kernel_id = await start_kernel(server, f"sandbox-{pool}")
+            ws = await KernelSocket(server, kernel_id).connect()
+            path = f"/api/sandbox/kernels/{kernel_id}"
+            try:
+                await ws.execute("big = [str(i) for i in range(3_000_000)]; kept = 42")
+                answer = await server.request("POST", f"{path}/suspend", {})
+                assert answer.get("reason") == "KernelStateNotSaved", answer
+                assert "could not be saved" in answer["message"], answer
+                assert "force" in answer["message"], answer
+                model = await server.request("GET", path, expect=200)
+                assert model["sandbox"]["suspended"] is False
+                result = await ws.execute("print('kept', kept, len(big))")
+                assert result.stdout.strip() == "kept 42 3000000", result.stdout
+                forced = await server.request(
+                    "POST", f"{path}/suspend", {"force": True}, expect=200
+                )
+                assert forced["sandbox"]["suspended"] is True
+            finally:
+                ws.close()
+            await server.request("DELETE", f"/api/kernels/{kernel_id}", expect=204)
+    finally:
+        await apply_pool(pool, None)
+
+
 async def suspend_provisioned(provisioner: Any) -> str:
     """Suspend a provisioner's sandbox as an idle cull does; its claim once Suspended."""
     claim: str = provisioner.session.claim_name

@@ -84,6 +84,13 @@ class KernelBusy(ClaimError):
     status = 409
 
 
+class StateNotSaved(ClaimError):
+    """The kernel's variables could not be saved before a suspend, which would lose them."""
+
+    reason = "KernelStateNotSaved"
+    status = 409
+
+
 class BackendUnavailable(ClaimError):
     reason = "BackendUnavailable"
     status = 503
@@ -100,6 +107,7 @@ ERRORS: dict[str, type[ClaimError]] = {
         InvalidRequest,
         FilesNotBindable,
         KernelBusy,
+        StateNotSaved,
         BackendUnavailable,
     )
 }
@@ -110,6 +118,14 @@ def kernel_busy_error(name: str) -> KernelBusy:
         f"the kernel of claim {name} is running a cell: suspending now would lose that "
         "cell and the kernel's variables",
         hint="wait until it finishes, interrupt it, or suspend with force",
+    )
+
+
+def state_not_saved_error(name: str, reason: str) -> StateNotSaved:
+    return StateNotSaved(
+        f"the kernel's variables of claim {name} could not be saved ({reason}): "
+        "suspending now would lose them",
+        hint="try again, shut the kernel down instead, or suspend with force",
     )
 
 
@@ -254,7 +270,9 @@ class ControlPlane(abc.ABC):
     async def suspend(self, name: str, *, force: bool = False) -> ClaimStatus:
         """Stop the sandbox's compute, keep its workspace.
 
-        A kernel running a cell is refused with KernelBusy unless ``force``.
+        Unless ``force``, a kernel running a cell is refused (KernelBusy), and so
+        is one whose variables cannot be saved first (StateNotSaved): a suspend
+        never loses work unless asked to.
         """
 
     @abc.abstractmethod

@@ -30,6 +30,7 @@ from .base import (
 
 # Listings of a few thousand claims fit; nothing a server answers is held past this.
 MAX_ANSWER_BYTES = 64 * 1024 * 1024
+SUSPEND_TIMEOUT = 3660.0
 
 
 class HttpControlPlane(ControlPlane):
@@ -140,7 +141,10 @@ class HttpControlPlane(ControlPlane):
     async def suspend(self, name: str, *, force: bool = False) -> ClaimStatus:
         body = {"force": True} if force else None
         path = f"/api/claims/{quote(name)}/suspend"
-        return self.status_from_json(await self._call("POST", path, body))
+        # The answer waits for the kernel's variables to be saved (a pool allows
+        # up to an hour for that); the server bounds it, not this client.
+        answer = await self._call("POST", path, body, timeout=SUSPEND_TIMEOUT)
+        return self.status_from_json(answer)
 
     async def resume(self, name: str) -> ClaimStatus:
         return self.status_from_json(await self._call("POST", f"/api/claims/{quote(name)}/resume"))

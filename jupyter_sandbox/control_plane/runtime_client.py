@@ -8,7 +8,7 @@ from typing import Any
 
 from tornado import httpclient
 
-from .base import Endpoint
+from .base import Endpoint, kernel_busy_error, state_not_saved_error
 
 log = logging.getLogger(__name__)
 
@@ -86,14 +86,35 @@ def busy_answer(answer: Any) -> bool:
 
 async def save_kernel_state(
     endpoint: Endpoint, name: str, *, max_bytes: int, timeout: float
-) -> None:
+) -> str | None:
     """Have the runtime save its kernel's variables on the workspace volume (before a
-    suspend): the next pod's runtime loads them into its new kernel. A failed save is
-    logged and never blocks the suspend."""
+    suspend): the next pod's runtime loads them into its new kernel.
+
+    None when saved, or when there is nothing to save (no kernel, no runtime to
+    reach); else why the runtime could not save them (too slow, failed).
+    """
     body = {"max_bytes": max_bytes, "timeout": timeout}
     try:
         result = await call(endpoint, "POST", "api/kernel/state", body, timeout=timeout + 10)
     except RuntimeCallError as exc:
-        log.warning("claim %s: kernel state not saved: %s", name, exc)
-        return
+        if exc.status in (500, 504):
+            log.warning("claim %s: kernel state not saved: %s", name, exc)
+            return str(exc)
+        log.info("claim %s: no kernel state to save: %s", name, exc)
+        return None
     log.info("claim %s: kernel state saved: %s", name, ", ".join(result.get("saved", [])))
+    return None
+
+
+async def before_suspend(
+    endpoint: Endpoint, name: str, *, force: bool, save: bool, max_bytes: int, timeout: float
+) -> None:
+    """What a suspend of the sandbox at ``endpoint`` does first: refuse a kernel
+    running a cell, then save its variables and refuse if that fails; ``force``
+    skips the refusals (the save is still tried)."""
+    if not force and await kernel_busy(endpoint):
+        raise kernel_busy_error(name)
+    if save:
+        error = await save_kernel_state(endpoint, name, max_bytes=max_bytes, timeout=timeout)
+        if error is not None and not force:
+            raise state_not_saved_error(name, error)

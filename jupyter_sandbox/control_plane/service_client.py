@@ -12,10 +12,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from .base import ClaimError, ClaimRequest, ClaimStatus, InvalidRequest, Phase, kernel_busy_error
+from .base import ClaimError, ClaimRequest, ClaimStatus, InvalidRequest, Phase
 from .http_client import HttpControlPlane
 from .kubernetes.options import parse_options
-from .runtime_client import kernel_busy, save_kernel_state
+from .runtime_client import before_suspend
 
 # The options that mean something here; the others are for a server that calls
 # the Kubernetes API itself.
@@ -89,13 +89,12 @@ class ClaimServiceControlPlane(HttpControlPlane):
         except ClaimError:
             status = None
         if status is not None and status.endpoint is not None and status.phase == Phase.READY:
-            if not force and await kernel_busy(status.endpoint):
-                raise kernel_busy_error(name)
-            if self.save_state:
-                await save_kernel_state(
-                    status.endpoint,
-                    name,
-                    max_bytes=self.state_max_bytes,
-                    timeout=self.state_timeout,
-                )
+            await before_suspend(
+                status.endpoint,
+                name,
+                force=force,
+                save=self.save_state,
+                max_bytes=self.state_max_bytes,
+                timeout=self.state_timeout,
+            )
         return await super().suspend(name, force=True)

@@ -333,12 +333,20 @@ class SandboxSession:
             return
         if not force and self.endpoint is not None and await kernel_busy(self.endpoint):
             raise kernel_busy_error(self.claim_name)
-        self.progress.set("suspending", "releasing compute, keeping the workspace")
+        self.progress.set("suspending", "saving the kernel's variables, keeping the workspace")
         await self._copy_back_quietly("suspend")
         self.suspended = True
         self.bridge.hold()
-        # Checked above; the backend must not refuse a cell that started since then.
-        status = await self.plane.suspend(self.claim_name, force=True)
+        try:
+            status = await self.plane.suspend(self.claim_name, force=force)
+        except ClaimError:
+            # Refused (a cell started meanwhile, or the state could not be saved):
+            # the kernel runs on, and so does its connection.
+            self.suspended = False
+            if self.endpoint is not None:
+                self.bridge.connect(self.endpoint)
+            self.progress.set("ready", "")
+            raise
         self._set_status(status)
         self.progress.set("suspended", "workspace kept; the next execution resumes it")
 

@@ -110,9 +110,8 @@ from ..base import (
     Phase,
     PoolNotFound,
     PoolStatus,
-    kernel_busy_error,
 )
-from ..runtime_client import kernel_busy, save_kernel_state
+from ..runtime_client import before_suspend
 from .options import parse_options
 
 log = logging.getLogger(__name__)
@@ -507,30 +506,19 @@ class KubernetesControlPlane(ControlPlane):
         return self._status(claim, sandbox)
 
     async def suspend(self, name: str, *, force: bool = False) -> ClaimStatus:
-        if not force:
-            status = await self.status(name)
-            if status is not None and status.endpoint is not None and status.phase == Phase.READY:
-                if await kernel_busy(status.endpoint):
-                    raise kernel_busy_error(name)
-        if self.save_state:
-            await self._save_kernel_state(name)
+        """Refuse a busy kernel, save its variables on the workspace volume (the
+        next pod's runtime loads them), then set the Sandbox Suspended."""
+        status = await self.status(name)
+        if status is not None and status.endpoint is not None and status.phase == Phase.READY:
+            await before_suspend(
+                status.endpoint,
+                name,
+                force=force,
+                save=self.save_state,
+                max_bytes=self.state_max_bytes,
+                timeout=self.state_timeout,
+            )
         return await self._patch_sandbox(name, {"spec": {"operatingMode": "Suspended"}})
-
-    async def _save_kernel_state(self, name: str) -> None:
-        """Have the runtime save the kernel's variables on the workspace volume first.
-
-        The next pod's runtime finds them there and loads them into its new
-        kernel. Failing to save never blocks the suspend.
-        """
-        try:
-            status = await self.status(name)
-        except ClaimError:
-            return
-        if status is None or status.endpoint is None or status.phase != Phase.READY:
-            return
-        await save_kernel_state(
-            status.endpoint, name, max_bytes=self.state_max_bytes, timeout=self.state_timeout
-        )
 
     async def resume(self, name: str) -> ClaimStatus:
         return await self._patch_sandbox(

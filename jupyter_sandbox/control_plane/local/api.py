@@ -10,7 +10,7 @@ from typing import Any
 from tornado import web
 
 from ...router.tokens import Scope, TokenAuthority
-from ..base import ClaimNotFound, InvalidRequest, PoolNotFound, kernel_busy_error
+from ..base import ClaimNotFound, InvalidRequest, PoolNotFound
 from ..http_api import JsonHandler, claim_request_from_json
 from .controller import LocalController
 from .model import NAMESPACE, PoolSpec
@@ -132,9 +132,7 @@ class ClaimActionHandler(Handler):
             force = self.body().get("force", False)
             if not isinstance(force, bool):
                 raise InvalidRequest("force must be true or false")
-            if not force and await self.controller.kernel_busy(name):
-                raise kernel_busy_error(name)
-            self.controller.set_suspended(name, True)
+            await self.controller.suspend_claim(name, force=force)
         elif action == "resume":
             self.controller.set_suspended(name, False)
         elif action == "adopt":

@@ -31,6 +31,8 @@ from ..base import (
     InvalidRequest,
     Phase,
     PoolNotFound,
+    kernel_busy_error,
+    state_not_saved_error,
 )
 from ..runtime_client import busy_answer
 from .cgroups import CgroupError, CgroupLimits, SandboxCgroup
@@ -105,6 +107,7 @@ class LocalController:
         self.runtime_calls = RuntimeCalls()
         self.liveness = LivenessProbe(self.runtime_calls)
         self._suspending: dict[str, asyncio.Task[None]] = {}
+        self._presaved: set[str] = set()  # sandboxes whose state suspend_claim saved
         self.cgroups = cgroups or CgroupLimits()
         self.limits = limits  # how resource limits are enforced, in words
         self.pip = pip or PipForwarding()  # what of the host's pip settings sandboxes get
@@ -245,6 +248,34 @@ class LocalController:
             self._reconcile_claim(claim)
             self._touch("claim", name)
         return claim
+
+    async def suspend_claim(self, name: str, *, force: bool = False) -> Claim:
+        """Suspend a claim's sandbox, saving its kernel's variables first.
+
+        Unless ``force``: a busy kernel is refused (KernelBusy), and a save that
+        fails (too slow, the kernel gone wrong) refuses the suspend with the
+        reason (StateNotSaved) and leaves the sandbox running.
+        """
+        claim = self.get_claim(name)
+        if claim.suspended:
+            return claim
+        sandbox = self.store.sandboxes.get(claim.sandbox or "")
+        proc = self.processes.get(claim.sandbox or "")
+        if sandbox is not None and proc is not None and sandbox.ready and not force:
+            if await self.kernel_busy(name):
+                raise kernel_busy_error(name)
+            pool = self.store.pools.get(sandbox.pool) or PoolSpec(name=sandbox.pool)
+            if self._saves_state(pool, claim):
+                saved, text = await self._save_state(proc, pool)
+                if not saved:
+                    raise state_not_saved_error(name, text)
+                sandbox.saved_state = text
+                self._presaved.add(sandbox.name)
+        return self.set_suspended(name, True)
+
+    @staticmethod
+    def _saves_state(pool: PoolSpec, claim: Claim | None) -> bool:
+        return pool.save_state and not (claim and claim.labels.get(LABEL_SAVE_STATE) == "false")
 
     async def kernel_busy(self, name: str) -> bool:
         """Whether the claim's kernel is running a cell now (False if it cannot say)."""
@@ -590,22 +621,22 @@ class LocalController:
 
     async def _suspend(self, sandbox: Sandbox, proc: SandboxProcess) -> None:
         """Save the kernel's variables into the workspace (if wanted), then stop."""
-        sandbox.saved_state = ""
         was_ready, sandbox.ready = sandbox.ready, False
         pool = self.store.pools.get(sandbox.pool) or PoolSpec(name=sandbox.pool)
         claim = self.store.claims.get(sandbox.owner.partition("/")[2])
-        if (
-            was_ready
-            and pool.save_state
-            and not (claim and claim.labels.get(LABEL_SAVE_STATE) == "false")
-        ):
-            sandbox.saved_state = await self._save_state(proc, pool)
+        if sandbox.name in self._presaved:  # by suspend_claim, which waited for it
+            self._presaved.discard(sandbox.name)
+        elif was_ready and self._saves_state(pool, claim):
+            sandbox.saved_state = ""
+            sandbox.saved_state = (await self._save_state(proc, pool))[1]
         else:
             sandbox.saved_state = "kernel state not saved (turned off)"
         self._touch("sandbox", sandbox.name)
         await proc.stop()
 
-    async def _save_state(self, proc: SandboxProcess, pool: PoolSpec) -> str:
+    async def _save_state(self, proc: SandboxProcess, pool: PoolSpec) -> tuple[bool, str]:
+        """(nothing lost, what happened in words): False only when there were
+        variables and they could not be saved (too slow, or the save failed)."""
         status, body = await self.runtime_calls.call(
             proc.socket,
             "POST",
@@ -616,13 +647,14 @@ class LocalController:
         if status != 200 or not isinstance(body, dict):
             reason = body.get("message") if isinstance(body, dict) else "no answer in time"
             log.warning("sandbox %s: kernel state not saved: %s", proc.spec.name, reason)
-            return f"kernel state not saved: {reason}"
+            # 409: no kernel runs, so there is nothing to lose
+            return status == 409, f"kernel state not saved: {reason}"
         saved, skipped = body.get("saved") or [], body.get("skipped") or {}
         text = f"kernel state saved: {len(saved)} variables, {body.get('bytes', 0)} bytes"
         if skipped:
             text += "; not saved: " + named(skipped)
         log.info("sandbox %s: %s in %ss", proc.spec.name, text, body.get("seconds"))
-        return text
+        return True, text
 
     # -- sandbox lifecycle -----------------------------------------------
 
@@ -908,6 +940,7 @@ class LocalController:
             return
         self._failures.pop(name, None)
         self.disk.pop(name, None)
+        self._presaved.discard(name)
         pool = self.store.pools.get(sandbox.pool)
         keep = bool(pool and pool.keep_workspace and sandbox.owner.startswith("claim/"))
         task = asyncio.create_task(self._remove(sandbox, self.processes.pop(name, None), keep))
