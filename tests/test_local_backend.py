@@ -22,6 +22,7 @@ from jupyter_sandbox.control_plane.base import (
 )
 from jupyter_sandbox.control_plane.local.client import LocalControlPlane
 from jupyter_sandbox.control_plane.local.isolation import probe
+from jupyter_sandbox.control_plane.local.model import default_memory_mb
 
 from .conftest import HOME
 from .helpers import KernelSocket, jupyter_server, start_kernel, wait_for
@@ -424,3 +425,14 @@ async def test_claims_list_says_each_claims_notebook_directory_and_age(
         assert str(tmp_path) in row and " s " in row, row
     finally:
         await plane.release(status.name)
+
+
+async def test_a_claim_says_the_memory_limit_that_applies(plane: LocalControlPlane) -> None:
+    """The default pool names no memory limit, yet one applies (the default, by
+    cgroup or RLIMIT_DATA); Sandbox Details said "Memory limit: none"."""
+    claim = await plane.claim(ClaimRequest(pool="default"))
+    try:
+        ready = await plane.wait_ready(claim.name, 120)
+        assert ready.resources["memory_mb"] == default_memory_mb(), ready.resources
+    finally:
+        await plane.release(claim.name)

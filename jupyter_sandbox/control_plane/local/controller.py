@@ -337,7 +337,8 @@ class LocalController:
             "resources": {
                 "pid": proc.pid if proc else None,
                 "network": pool.network if pool else None,
-                "memory_mb": pool.memory_mb if pool else None,
+                # what applies, the default included (cgroup or RLIMIT_DATA), not the setting
+                "memory_mb": _megabytes(pool.cgroup_memory_bytes()) if pool else None,
                 "cpu_seconds": pool.cpu_seconds if pool else None,
                 "restarts": sandbox.restarts if sandbox else 0,
                 "owner_pid": claim.owner_pid,
@@ -1099,3 +1100,7 @@ def last_line(path: str, limit: int = 8192) -> str:
     except OSError:
         return "no log"
     return lines[-1][:300] if lines else "empty log"
+
+
+def _megabytes(size: int | None) -> int | None:
+    return None if size is None else size // (1024 * 1024)
