@@ -593,8 +593,8 @@ def test_a_workspace_over_its_disk_limit_shows_in_the_status_bar(tmp_path: Path)
             run_cell(
                 page,
                 "import contextlib, os\n"
-                "with contextlib.suppress(OSError): "
-                "[open('/workspace/big', 'ab').write(os.urandom(1 << 20)) for _ in range(8)]\n"
+                "with contextlib.suppress(OSError): [f.write(os.urandom(1 << 16)) "
+                "for f in [open('/workspace/big', 'wb', buffering=0)] for _ in range(128)]\n"
                 "print('ok')",
                 "ok",
             )

@@ -167,12 +167,13 @@ class DiskImages:
     @staticmethod
     def usage(workspace: Path) -> Usage:
         """What a mounted image holds (its filesystem's own records included), and
-        whether it is full: less room left than a 200th of it, or 1 MB.
+        whether it is full: less room left than a 100th of it, or 2 MB (ext4
+        refuses a write while some room is still reserved for its metadata).
         ``workspace`` is a path that shows the mount (the sandbox's, via /proc)."""
         info = os.statvfs(workspace)
         size = _device_size(workspace)
         room = info.f_bavail * info.f_frsize
-        full = room < max(1024 * 1024, size // 200) or info.f_favail == 0
+        full = room < max(2 * 1024 * 1024, size // 100) or info.f_favail == 0
         return Usage(max(0, size - room), info.f_files - info.f_ffree, True, full)
 
 
