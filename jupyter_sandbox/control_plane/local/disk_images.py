@@ -112,6 +112,7 @@ class DiskImages:
             self._make(image, size_bytes)
         private_dir(workspace)  # the mount point, empty on the host
         try:
+            _wait_unattached(image)
             device, fd = _loop_device(image)
         except BaseException:
             if fresh:
@@ -205,6 +206,29 @@ def _loop_device(image: Path) -> tuple[str, int]:
             os.close(control)
     finally:
         os.close(backing)  # the loop device holds its own reference
+
+
+def _wait_unattached(image: Path, timeout: float = 10.0) -> None:
+    """Wait until no loop device holds ``image``: a sandbox restarted at once must
+    not mount it through a second device while the first is still being torn
+    down (the kernel clears an auto-clearing device a moment after its last user)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while _attached(image):
+        if time.monotonic() > deadline:
+            raise OSError(errno.EBUSY, f"{image} is still on a loop device")
+        time.sleep(0.05)
+
+
+def _attached(image: Path) -> bool:
+    for backing in Path("/sys/block").glob("loop*/loop/backing_file"):
+        try:
+            if backing.read_text().strip() == str(image):
+                return True
+        except OSError:
+            continue
+    return False
 
 
 def _device_size(path: Path) -> int:
