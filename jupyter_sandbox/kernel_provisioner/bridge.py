@@ -507,16 +507,23 @@ CHANNEL_KINDS = {
 def channels_request(
     endpoint: Endpoint, last_msg_id: str | None
 ) -> tuple[httpclient.HTTPRequest, Resolver | None]:
-    """The WebSocket request for a sandbox's kernel channels, straight to its socket if we may."""
+    """The WebSocket request for a sandbox's kernel channels."""
     query = f"?last={last_msg_id}" if last_msg_id else ""
-    path = endpoint.unix_socket
-    if path and os.access(path, os.R_OK | os.W_OK):
-        upstream = Upstream(unix_socket=path)
+    return runtime_websocket_request(endpoint, "api/kernel/channels", query)
+
+
+def runtime_websocket_request(
+    endpoint: Endpoint, path: str, query: str = ""
+) -> tuple[httpclient.HTTPRequest, Resolver | None]:
+    """A WebSocket request to a sandbox's runtime, straight to its socket if we may."""
+    socket_path = endpoint.unix_socket
+    if socket_path and os.access(socket_path, os.R_OK | os.W_OK):
+        upstream = Upstream(unix_socket=socket_path)
         resolver = UnixSocketResolver()
         resolver.register(upstream)
-        url = f"ws://{upstream.authority()}/api/kernel/channels{query}"
+        url = f"ws://{upstream.authority()}/{path}{query}"
         return httpclient.HTTPRequest(url, connect_timeout=10), resolver
-    url = endpoint.url("api/kernel/channels", websocket=True) + query
+    url = endpoint.url(path, websocket=True) + query
     return httpclient.HTTPRequest(url, headers=endpoint.headers(), connect_timeout=10), None
 
 

@@ -30,6 +30,7 @@ def make_app(
             (r"/api/kernel/state", handlers.KernelStateHandler),
             (r"/api/usage", handlers.UsageHandler),
             (r"/api/kernel/(interrupt|restart|start|signal)", handlers.KernelActionHandler),
+            (r"/api/terminal", handlers.TerminalHandler),
             (r"/execute", handlers.ExecuteHandler),
             (r"/execute/stream", handlers.ExecuteStreamHandler),
             (r"/upload", handlers.UploadHandler),

@@ -13,11 +13,13 @@ from typing import Any
 from tornado import web, websocket
 
 from ..protocol import framing, runtime_auth, ws_frames
+from ..protocol import terminal as terminal_messages
 from . import commands
 from .kernel_host import KernelNotRunning, KernelStateError
 from .kernel_state import discard as discard_state
 from .paths import PathInvalid, PathRefused, confine
 from .state import RuntimeState, save_key
+from .terminal import InputOverflow, PtyShell
 from .upload import StreamingUpload
 from .usage import read_usage
 
@@ -25,6 +27,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_STATE_BYTES = 1 << 30
 DEFAULT_STATE_TIMEOUT = 60.0
+MAX_TERMINALS = 8
 
 
 def require_runtime_token(handler: web.RequestHandler) -> None:
@@ -218,6 +221,79 @@ class ChannelsHandler(websocket.WebSocketHandler):
 
     def on_close(self) -> None:
         self.runtime.hub.detach(self)
+
+
+class TerminalHandler(websocket.WebSocketHandler):
+    """A shell on a terminal in the sandbox, in terminado's protocol; one per connection.
+
+    The shell is hung up when the connection closes. Output is read only as fast
+    as the client takes it.
+    """
+
+    _shell: PtyShell | None = None
+    _sender: asyncio.Task[None] | None = None
+
+    @property
+    def runtime(self) -> RuntimeState:
+        return self.settings["runtime"]  # type: ignore[no-any-return]
+
+    def prepare(self) -> None:
+        require_runtime_token(self)
+        if len(self.runtime.terminals) >= MAX_TERMINALS:
+            raise web.HTTPError(429, f"this sandbox already has {MAX_TERMINALS} terminals open")
+
+    def check_origin(self, origin: str) -> bool:
+        return True  # reached only through the router, which authorizes (and vouches)
+
+    async def open(self) -> None:  # type: ignore[override]
+        self.set_nodelay(True)
+        try:
+            self._shell = PtyShell(cwd=self.runtime.kernel.cwd, env=self.runtime.command_env)
+        except OSError as exc:
+            log.warning("no terminal: %s", exc)
+            self.close(1011, f"no shell could be started: {exc}"[:120])
+            return
+        self.runtime.terminals.add(self)
+        self.write_message(terminal_messages.encode_output(terminal_messages.Output("setup")))
+        self._sender = asyncio.create_task(self._send_output(self._shell))
+
+    async def _send_output(self, shell: PtyShell) -> None:
+        try:
+            while (text := await shell.read()) is not None:
+                for start in range(0, len(text), terminal_messages.MAX_OUTPUT_CHARS):
+                    piece = text[start : start + terminal_messages.MAX_OUTPUT_CHARS]
+                    message = terminal_messages.Output("stdout", piece)
+                    await self.write_message(terminal_messages.encode_output(message))
+            disconnect = terminal_messages.Output("disconnect")
+            await self.write_message(terminal_messages.encode_output(disconnect))
+            self.close(1000, "the shell exited")
+        except websocket.WebSocketClosedError:
+            pass
+
+    def on_message(self, message: str | bytes) -> None:
+        shell = self._shell
+        if shell is None:
+            return
+        parsed = terminal_messages.accept_input(message, log)
+        if parsed is None:
+            return
+        if isinstance(parsed, terminal_messages.Resize):
+            shell.resize(parsed.rows, parsed.columns)
+            return
+        try:
+            shell.write(parsed.text)
+        except InputOverflow as exc:
+            log.warning("terminal input refused: %s", exc)
+
+    def on_close(self) -> None:
+        self.runtime.terminals.discard(self)
+        if self._sender is not None:
+            self._sender.cancel()
+        if self._shell is not None:
+            shell, self._shell = self._shell, None
+            closing = asyncio.ensure_future(shell.close())
+            self.runtime.terminals_closing.add(closing)
+            closing.add_done_callback(self.runtime.terminals_closing.discard)
 
 
 class ExecuteHandler(BaseHandler):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import time
@@ -30,6 +31,9 @@ class RuntimeState:
         self.started_at = time.time()
         self.hub = ChannelHub()
         self.command_env = dict(env)
+        # Open sandbox terminals, and the hang-ups still under way (kept from the GC).
+        self.terminals: set[object] = set()
+        self.terminals_closing: set[asyncio.Future[None]] = set()
         self.kernel = KernelHost(
             kernel_name=kernel_name,
             cwd=kernel_cwd or workspace,
