@@ -2,7 +2,9 @@ import { ILabShell, JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/a
 import {
   Dialog,
   ICommandPalette,
+  InputDialog,
   ISessionContext,
+  MainAreaWidget,
   Notification,
   showDialog
 } from '@jupyterlab/apputils';
@@ -13,6 +15,7 @@ import { IMainMenu } from '@jupyterlab/mainmenu';
 import { INotebookTracker } from '@jupyterlab/notebook';
 import { Kernel, KernelAPI, KernelSpec, ServerConnection, Session } from '@jupyterlab/services';
 import { IStatusBar } from '@jupyterlab/statusbar';
+import { Terminal } from '@jupyterlab/terminal';
 import { CommandToolbarButton, LabIcon, pauseIcon, runIcon, infoIcon } from '@jupyterlab/ui-components';
 import { ReadonlyPartialJSONObject } from '@lumino/coreutils';
 import { ISignal } from '@lumino/signaling';
@@ -36,8 +39,10 @@ import {
   readyText,
   sandboxSpecInfo,
   secondsToIdleCull,
-  startsText
+  startsText,
+  terminalTarget
 } from './model';
+import { SandboxTerminalConnection } from './terminal';
 import { detailsNode, IActiveKernel, SandboxPanel, SandboxStatus, sandboxIcon } from './widgets';
 import { SandboxDrive, WorkspacePanel } from './workspace';
 
@@ -51,6 +56,7 @@ export namespace CommandIDs {
   export const showPanel = 'jupyter-sandbox:show-panel';
   export const newNotebook = 'jupyter-sandbox:new-notebook';
   export const newConsole = 'jupyter-sandbox:new-console';
+  export const terminal = 'jupyter-sandbox:open-terminal';
 }
 
 const CATEGORY = 'Sandbox';
@@ -405,6 +411,71 @@ const plugin: JupyterFrontEndPlugin<void> = {
       sessionPath
     );
     app.shell.add(panel, 'left', { rank: 650 });
+
+    // -- a terminal inside a sandbox ----------------------------------------
+    let terminals = 0;
+    const openTerminal = (kernelId: string) => {
+      const entry = events.kernel(kernelId);
+      const sandbox = entry?.sandbox.sandbox ?? kernelId.slice(0, 8);
+      const connection = new SandboxTerminalConnection(
+        kernelId,
+        `in sandbox ${sandbox}`,
+        serviceManager.serverSettings
+      );
+      const content = new Terminal(connection, { shutdownOnClose: true });
+      const widget = new MainAreaWidget({ content });
+      widget.id = `jp-SandboxTerminal-${++terminals}`;
+      widget.addClass('jp-SandboxTerminal');
+      widget.title.label = `Terminal in sandbox ${sandbox}`;
+      widget.title.icon = sandboxIcon;
+      widget.title.closable = true;
+      content.title.caption =
+        `A shell inside the sandbox of ${sessionPath(kernelId) ?? entry?.name ?? kernelId}: ` +
+        'it sees what the kernel sees, not the server.';
+      app.shell.add(widget, 'main');
+      app.shell.activateById(widget.id);
+    };
+    commands.addCommand(CommandIDs.terminal, {
+      label: args => (args.isLauncher ? 'Sandbox Terminal' : 'Open a Terminal in the Sandbox'),
+      caption: "A terminal inside a sandboxed kernel's sandbox (the focused notebook's)",
+      icon: args => (args.isLauncher ? sandboxIcon : undefined),
+      execute: async args => {
+        const requested = typeof args.kernelId === 'string' ? args.kernelId : null;
+        const target = terminalTarget(requested, activeKernelId(), events.snapshot.kernels);
+        if (target.kind === 'kernel') {
+          openTerminal(target.id);
+          return;
+        }
+        if (target.kind === 'none') {
+          await showDialog({
+            title: 'No sandboxed kernel is running',
+            body:
+              "A Sandbox Terminal runs inside a sandboxed kernel's sandbox. Open a notebook " +
+              'or console with a sandboxed kernel first, then open the terminal from it.',
+            buttons: [Dialog.okButton({ label: 'Close' })]
+          });
+          return;
+        }
+        const labels = target.ids.map(id => {
+          const entry = events.kernel(id);
+          return `${sessionPath(id) ?? entry?.name ?? id} (${entry?.sandbox.sandbox ?? id})`;
+        });
+        const chosen = await InputDialog.getItem({
+          title: 'Open a terminal in the sandbox of',
+          items: labels
+        });
+        if (chosen.button.accept && chosen.value) {
+          openTerminal(target.ids[labels.indexOf(chosen.value)]);
+        }
+      }
+    });
+    palette?.addItem({ command: CommandIDs.terminal, category: CATEGORY });
+    launcher?.add({
+      command: CommandIDs.terminal,
+      args: { isLauncher: true },
+      category: 'Other',
+      rank: 100 // last: the section keeps JupyterLab's own icon
+    });
 
     // -- the workspace of the focused kernel's sandbox, in a file browser ------
     if (docManager) {

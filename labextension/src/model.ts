@@ -684,3 +684,31 @@ export function diskUse(sandbox: ISandboxDescription | undefined): IDiskUse | nu
   const disk = sandbox?.resources?.disk as IDiskUse | null | undefined;
   return disk && typeof disk === 'object' ? disk : null;
 }
+
+/** Which sandbox a new Sandbox Terminal opens in. */
+export type TerminalTarget =
+  | { kind: 'kernel'; id: string }
+  | { kind: 'choose'; ids: string[] }
+  | { kind: 'none' };
+
+/**
+ * The named kernel, else the focused (or last focused) one if it is sandboxed,
+ * else the only sandboxed kernel running; with several and none in focus, the
+ * user chooses. Suspended sandboxes count: the terminal resumes them.
+ */
+export function terminalTarget(
+  requested: string | null,
+  focused: string | null,
+  kernels: IKernelEntry[]
+): TerminalTarget {
+  const ids = kernels.map(k => k.id);
+  for (const id of [requested, focused]) {
+    if (id && ids.includes(id)) {
+      return { kind: 'kernel', id };
+    }
+  }
+  if (ids.length === 1) {
+    return { kind: 'kernel', id: ids[0] };
+  }
+  return ids.length ? { kind: 'choose', ids } : { kind: 'none' };
+}

@@ -871,3 +871,46 @@ def test_pip_packages_stay_with_the_project_after_a_restart(tmp_path: Path) -> N
         open_notebook(page, lab, "other/x.ipynb")
         run_cell(page, f"import {PACKAGE}", "ModuleNotFoundError")
         page.screenshot(path=str(shots / "03-not-in-another-project.png"))
+
+
+def test_the_sandbox_terminal_runs_in_the_notebooks_sandbox(tmp_path: Path) -> None:
+    """The launcher's Sandbox Terminal opens a shell inside the focused notebook's
+    sandbox: it sees the notebook's files and what the kernel wrote, not the
+    host's; with no sandboxed kernel running it says what to do instead."""
+    from playwright.sync_api import expect
+
+    secret = tmp_path / "host-secret.txt"
+    secret.write_text("the host's secret\n")
+    with lab_in_browser(tmp_path) as (lab, page, shots):
+        page.goto(f"{lab.url}/lab?token={lab.token}")
+        card = page.locator(".jp-LauncherCard", has_text="Sandbox Terminal")
+        card.click()
+        dialog = page.locator(".jp-Dialog")
+        expect(dialog).to_contain_text("No sandboxed kernel is running")
+        page.screenshot(path=str(shots / "01-no-kernel-yet.png"))
+        dialog.locator("button", has_text="Close").click()
+
+        launch(page, lab)
+        run_cell(page, "open('from-kernel.txt', 'w').write('kernel was here'); print('ok')", "ok")
+        run_command(page, "Open a Terminal in the Sandbox")
+        tab = page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab.lm-mod-current")
+        expect(tab).to_contain_text("Terminal in sandbox", timeout=TIMEOUT_MS)
+        terminal = page.locator(".jp-SandboxTerminal .jp-Terminal")
+        terminal.wait_for()
+        terminal.click()
+        report = lab.root / "terminal-report.txt"
+        page.keyboard.type(
+            f"(id -u; pwd; cat from-kernel.txt; echo; cat {secret} 2>&1; echo code=$?)"
+            " > terminal-report.txt\n"
+        )
+        deadline = time.monotonic() + 30
+        while "code=" not in (report.read_text() if report.exists() else ""):
+            assert time.monotonic() < deadline, "the terminal's command did not run"
+            time.sleep(0.2)
+        lines = report.read_text().splitlines()
+        assert lines[2] == "kernel was here", lines
+        assert "the host's secret" not in report.read_text(), lines
+        assert lines[-1] == "code=1", lines
+        page.keyboard.type("ls\n")
+        page.wait_for_timeout(1000)
+        page.screenshot(path=str(shots / "02-terminal-in-the-sandbox.png"))
