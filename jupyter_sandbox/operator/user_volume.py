@@ -20,7 +20,7 @@ from __future__ import annotations
 import posixpath
 from dataclasses import dataclass
 
-from ..runtime.paths import KERNEL_CWD_ENV
+from ..runtime.paths import KERNEL_CWD_ENV, PACKAGES_DIR_ENV, USER_PACKAGES_SUBDIR, project_key
 
 USER_VOLUME_PATH_ANNOTATION = "jupyter-sandbox/user-volume-path"
 USER_VOLUME_READ_ONLY_ANNOTATION = "jupyter-sandbox/user-volume-read-only"
@@ -148,6 +148,11 @@ def kernel_cwd(claim: dict, volume: UserVolume) -> str:
     return volume.path
 
 
+def packages_dir(volume: UserVolume, cwd: str) -> str:
+    """Where the project in ``cwd`` keeps its %pip packages, across its kernels."""
+    return posixpath.join(volume.path, USER_PACKAGES_SUBDIR, project_key(cwd))
+
+
 def attach(pod_spec: dict, pvc_name: str, volume: UserVolume, cwd: str, node: str | None) -> None:
     """Mount the PVC at the volume's path in the first container; pin to ``node``."""
     volumes = [v for v in pod_spec.get("volumes") or [] if v.get("name") != VOLUME_NAME]
@@ -165,9 +170,12 @@ def attach(pod_spec: dict, pvc_name: str, volume: UserVolume, cwd: str, node: st
     mounts = [m for m in main.get("volumeMounts") or [] if m.get("mountPath") != volume.path]
     mounts.append({"name": VOLUME_NAME, "mountPath": volume.path, "readOnly": volume.read_only})
     main["volumeMounts"] = mounts
-    main["env"] = [e for e in main.get("env") or [] if e.get("name") != KERNEL_CWD_ENV] + [
-        {"name": KERNEL_CWD_ENV, "value": cwd}
-    ]
+    ours = {KERNEL_CWD_ENV, PACKAGES_DIR_ENV}
+    env = [e for e in main.get("env") or [] if e.get("name") not in ours]
+    env.append({"name": KERNEL_CWD_ENV, "value": cwd})
+    if not volume.read_only:  # %pip packages stay with the project, on the user's volume
+        env.append({"name": PACKAGES_DIR_ENV, "value": packages_dir(volume, cwd)})
+    main["env"] = env
     if node:
         pin = {"key": "metadata.name", "operator": "In", "values": [node]}
         required = (

@@ -18,7 +18,7 @@ from ..protocol import runtime_auth
 from . import landlock
 from .app import DEFAULT_MAX_BODY, make_app
 from .kernel_state import has_state
-from .paths import KERNEL_CWD_ENV, PACKAGES_DIR, kernel_cwd
+from .paths import KERNEL_CWD_ENV, PACKAGES_DIR, PACKAGES_DIR_ENV, kernel_cwd
 from .state import RuntimeState
 
 RESTORE_TIMEOUT = 300.0
@@ -65,14 +65,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def pip_target_env(env: dict[str, str]) -> None:
-    """``%pip install`` goes into the workspace, unless the launcher chose already.
-
-    The local backend sets it for its sandboxes; in a pod this is where it is set.
-    """
+def pip_target_env(env: dict[str, str], kept: str | None = None) -> None:
+    """``%pip install`` goes into ``kept`` (the project's directory on the user's
+    volume, from the operator) or else the workspace, unless the launcher chose
+    already. The local backend sets it for its sandboxes; in a pod it is set here."""
     if "PIP_TARGET" in env:
         return
     packages = os.path.join(env["HOME"], PACKAGES_DIR)
+    if kept:
+        try:
+            os.makedirs(kept, exist_ok=True)
+            packages = kept
+        except OSError as exc:
+            log.warning("packages stay in the workspace: %s cannot be made (%s)", kept, exc)
     # Present from the start, so packages installed later import without a restart.
     os.makedirs(packages, exist_ok=True)
     env["PIP_TARGET"] = packages
@@ -90,7 +95,7 @@ async def serve(args: argparse.Namespace) -> None:
     token = os.environ.pop(runtime_auth.ENV, "")
     env = {k: v for k, v in os.environ.items() if not k.startswith("SANDBOX_RUNTIME_")}
     env.setdefault("HOME", workspace)
-    pip_target_env(env)
+    pip_target_env(env, os.environ.get(PACKAGES_DIR_ENV))
     state = RuntimeState(
         workspace=workspace,
         runtime_dir=runtime_dir,

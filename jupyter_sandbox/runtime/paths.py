@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 
@@ -12,6 +13,15 @@ log = logging.getLogger(__name__)
 PACKAGES_DIR = ".local/packages"
 # Set by the operator when the pod mounts the user's volume (the notebook's directory).
 KERNEL_CWD_ENV = "SANDBOX_RUNTIME_KERNEL_CWD"
+# ... and where the notebook project's %pip packages are kept on that volume.
+PACKAGES_DIR_ENV = "SANDBOX_RUNTIME_PACKAGES_DIR"
+# Under the user's volume: one directory per notebook project.
+USER_PACKAGES_SUBDIR = ".local/share/jupyter-sandbox/packages"
+
+
+def project_key(directory: str) -> str:
+    """A notebook project's name for its kept %pip packages: its directory, hashed."""
+    return hashlib.sha256(directory.encode()).hexdigest()[:16]
 
 
 class PathRefused(ValueError):

@@ -180,12 +180,14 @@ async def test_a_pool_with_the_users_volume_shows_the_notebooks_directory(
     (KubeSpawner's ``claim-<user>``, found by its ``hub.jupyter.org/username``
     annotation) at the path the Jupyter server has it: the kernel starts in the
     notebook's directory, reads what is there and writes straight to it, with no
-    copy, and is there again after a suspend and resume in a new pod."""
+    copy, and is there again after a suspend and resume in a new pod. What it
+    installs with %pip is kept on the volume for the project's next kernel."""
     import getpass
 
     from jupyter_client.manager import AsyncKernelManager
 
     from tests.operator.conftest import POOL, TPL
+    from tests.test_packages import PACKAGE, build_wheel
 
     from .conftest import example_objects
 
@@ -193,7 +195,8 @@ async def test_a_pool_with_the_users_volume_shows_the_notebooks_directory(
     project = home / "project"
     project.mkdir(parents=True)
     (project / "data.csv").write_text("a\n7\n")
-    for path in (home, project, project / "data.csv"):
+    wheel = build_wheel(project)
+    for path in (home, project, project / "data.csv", wheel):
         os.chown(path, 1000, 1000)
     pv = f"pv-{kube.ns}-home"
     user = getpass.getuser()
@@ -259,6 +262,30 @@ async def test_a_pool_with_the_users_volume_shows_the_notebooks_directory(
             await km.provisioner.resume()
             data = await _execute(kc, "os.getcwd() + '|' + open('later.txt').read()")
             assert data["text/plain"] == repr(f"{project}|written while suspended")
+            # %pip (pip with the kernel's environment) of a wheel next to the notebook
+            data = await _execute(
+                kc,
+                "import subprocess, sys\n"
+                f"subprocess.run([sys.executable, '-m', 'pip', 'install', '--no-index', "
+                f"{wheel.name!r}], capture_output=True).returncode",
+            )
+            assert data["text/plain"] == "0"
+        finally:
+            kc.stop_channels()
+            await km.shutdown_kernel(now=True)
+        wait_for(lambda: not kube.list(CLAIM), 60, what="claim deleted")
+        # The project's next kernel, in a new pod, imports the package at once.
+        km = AsyncKernelManager(kernel_name="sbhome", kernel_spec_manager=specs)
+        await km.start_kernel(cwd=str(project))
+        kc = km.client()
+        kc.start_channels()
+        try:
+            await kc.wait_for_ready(timeout=180)
+            code = f"import {PACKAGE}; {PACKAGE}.VALUE + '|' + {PACKAGE}.__file__"
+            data = await _execute(kc, code)
+            value, where = data["text/plain"].strip("'").split("|")
+            assert value == "installed in the sandbox"
+            assert where.startswith(str(home / ".local/share/jupyter-sandbox/packages") + "/")
         finally:
             kc.stop_channels()
             await km.shutdown_kernel(now=True)

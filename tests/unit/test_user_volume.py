@@ -8,6 +8,7 @@ from jupyter_sandbox.operator.user_volume import (
     HUB_SERVERNAME_ANNOTATION,
     HUB_USERNAME_ANNOTATION,
     KERNEL_CWD_ENV,
+    PACKAGES_DIR_ENV,
     USER_VOLUME_PATH_ANNOTATION,
     USER_VOLUME_READ_ONLY_ANNOTATION,
     VOLUME_NAME,
@@ -17,6 +18,7 @@ from jupyter_sandbox.operator.user_volume import (
     choose_user_pvc,
     kernel_cwd,
     node_to_share,
+    packages_dir,
     user_volume_of,
 )
 
@@ -204,7 +206,31 @@ def test_attach_without_a_node_adds_no_affinity_and_is_idempotent():
     assert "affinity" not in spec
     assert len(spec["volumes"]) == 1
     assert len(spec["containers"][0]["volumeMounts"]) == 1
-    assert len(spec["containers"][0]["env"]) == 1
+    assert [e["name"] for e in spec["containers"][0]["env"]] == [KERNEL_CWD_ENV, PACKAGES_DIR_ENV]
+
+
+@pytest.mark.parametrize(
+    ("cwd", "other"),
+    [("/home/jovyan/analysis", "/home/jovyan/other"), ("/home/jovyan", "/home/jovyan/a")],
+)
+def test_a_projects_packages_are_kept_on_the_users_volume(cwd: str, other: str) -> None:
+    """%pip of a kernel on the user's volume goes to the project's own directory
+    there, so the project's next kernels (new pods) import it; another project's
+    directory is another."""
+    volume = UserVolume("/home/jovyan", False)
+    spec = {"containers": [{"name": "runtime"}]}
+    attach(spec, "claim-alice", volume, cwd, None)
+    env = {e["name"]: e["value"] for e in spec["containers"][0]["env"]}
+    kept = env[PACKAGES_DIR_ENV]
+    assert kept == packages_dir(volume, cwd)
+    assert kept.startswith("/home/jovyan/.local/share/jupyter-sandbox/packages/")
+    assert kept != packages_dir(volume, other)
+
+
+def test_a_read_only_volume_keeps_no_packages() -> None:
+    spec = {"containers": [{"name": "runtime"}]}
+    attach(spec, "claim-alice", UserVolume("/home/jovyan", True), "/home/jovyan/p", None)
+    assert [e["name"] for e in spec["containers"][0]["env"]] == [KERNEL_CWD_ENV]
 
 
 def test_attach_needs_a_container():

@@ -22,6 +22,7 @@ from typing import Any
 import psutil
 
 from ...runtime.kernel_state import named
+from ...runtime.paths import project_key
 from ..base import (
     LABEL_SAVE_STATE,
     ClaimNotFound,
@@ -697,7 +698,7 @@ class LocalController:
         A file beside says which project it is, for whoever looks."""
         if not self.isolation.isolated:
             return ""
-        key = hashlib.sha256(files_dir.encode()).hexdigest()[:16]
+        key = project_key(files_dir)
         projects = self.base / PROJECTS_SUBDIR
         (projects / f"{key}.project").write_text(files_dir + "\n")
         return str(projects / key)
