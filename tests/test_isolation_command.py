@@ -18,7 +18,6 @@ from jupyter_sandbox.control_plane.local.isolation import (
 def command() -> list[str]:
     return bwrap_command(
         workspace="/srv/ws",
-        runtime_dir="/srv/rt",
         inner=["python"],
         env={"A": "1"},
     )
@@ -70,10 +69,8 @@ def test_the_current_interpreter_runs_in_the_sandbox(tmp_path: object) -> None:
     base = Path(str(tmp_path))
     parent = package_parent()
     (base / "ws").mkdir()
-    (base / "rt").mkdir()
     argv = bwrap_command(
         workspace=str(base / "ws"),
-        runtime_dir=str(base / "rt"),
         inner=[sys.executable, "-c", "import jupyter_sandbox, os; print(os.getcwd(), os.getuid())"],
         env={"PATH": "/usr/bin:/bin", **({"PYTHONPATH": parent} if parent else {})},
     )

@@ -32,16 +32,21 @@ DISK_MB = 16
 
 FILL_TMP = """
 import os, sys
+path = sys.argv[1] if len(sys.argv) > 1 else "/tmp/fill"
 written = 0
 block = b"x" * (1 << 20)
 try:
-    with open(sys.argv[1] if len(sys.argv) > 1 else "/tmp/fill", "wb") as handle:
+    with open(path, "wb") as handle:
         for _ in range(1536):
             handle.write(block)
             written += 1
 except OSError as exc:
     print("stopped", exc.errno)
 print("written_mb", written)
+try:  # a tmpfs's pages count as the sandbox's memory: give them back for the next test
+    os.remove(path)
+except OSError:
+    pass
 """
 
 
@@ -102,6 +107,23 @@ def test_dev_shm_is_sized_and_dev_itself_takes_no_files(limited: Sandbox) -> Non
     assert "stopped 28" in out, out  # ENOSPC
     out = run(limited, FILL_TMP, "/dev/fill")
     assert "stopped 30" in out and "written_mb 0" in out, out  # EROFS
+
+
+def test_the_runtime_directory_cannot_fill_the_hosts_disk(
+    limited: Sandbox, sandbox_home: Path
+) -> None:
+    """/run/sandbox (the kernel's sockets) was a host directory the sandbox could
+    write without bound; it is a tmpfs of its own now, of a few MB."""
+    from jupyter_sandbox.control_plane.local.isolation import RUNTIME_DIR_BYTES
+
+    out = run(limited, FILL_TMP, "/run/sandbox/fill")
+    written = int(out.split("written_mb")[1].split()[0])
+    assert "stopped 28" in out and written <= RUNTIME_DIR_BYTES >> 20, out  # ENOSPC
+    on_host = (
+        [p for p in (sandbox_home / "run").rglob("fill")] if (sandbox_home / "run").exists() else []
+    )
+    assert not on_host, on_host
+    assert "kernel" in run(limited, "import os; print(os.listdir('/run/sandbox'))")
 
 
 @pytest.mark.parametrize("path", ["/fill", "/etc/fill", "/run/fill"])

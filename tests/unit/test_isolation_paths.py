@@ -115,7 +115,6 @@ def test_the_notebook_directory_is_bound_under_the_installation_and_git_stays_re
     (tmp_path / ".git").mkdir()
     args = isolation.bwrap_command(
         workspace="/ws",
-        runtime_dir="/rt",
         inner=["true"],
         env={},
         confinement=isolation.Confinement(files_dir=str(tmp_path)),
@@ -128,7 +127,6 @@ def test_the_notebook_directory_is_bound_under_the_installation_and_git_stays_re
     assert bind < first_install, "the installation is bound on top of the notebook directory"
     read_only = isolation.bwrap_command(
         workspace="/ws",
-        runtime_dir="/rt",
         inner=["true"],
         env={},
         confinement=isolation.Confinement(files_dir=str(tmp_path), files_read_only=True),
@@ -179,12 +177,11 @@ def test_ancestors_of_a_bind_are_made_passable_once(
 def test_a_root_daemons_sandbox_enters_the_daemons_namespace_and_keeps_only_setuid() -> None:
     """host_uid.py: bubblewrap joins the prepared namespace (uid 0 there is root, to
     reach root-only sources); the runtime drops to the sandbox user itself."""
-    own = isolation.bwrap_command(workspace="/ws", runtime_dir="/rt", inner=["true"], env={})
+    own = isolation.bwrap_command(workspace="/ws", inner=["true"], env={})
     assert "--unshare-user" in own and "--disable-userns" in own and "--userns" not in own
     assert own[own.index("--chdir") + 1] == isolation.WORKSPACE
     shared = isolation.bwrap_command(
         workspace="/ws",
-        runtime_dir="/rt",
         inner=["true"],
         env={},
         confinement=isolation.Confinement(userns_fd=7),

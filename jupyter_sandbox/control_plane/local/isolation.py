@@ -27,6 +27,9 @@ if TYPE_CHECKING:
 
 WORKSPACE = "/workspace"
 RUNTIME_DIR = "/run/sandbox"
+# The runtime directory holds the kernel's sockets and connection file: a few KB.
+# A tmpfs of this size, so that nothing written there reaches the host's disk.
+RUNTIME_DIR_BYTES = 16 * 1024 * 1024
 # Where a pool's installed requirements appear, read-only.
 POOL_PACKAGES = "/run/pool-packages"
 POOLS_SUBDIR = "pools"
@@ -436,7 +439,6 @@ def _sized(size: int | None) -> list[str]:
 def bwrap_command(
     *,
     workspace: str,
-    runtime_dir: str,
     inner: list[str],
     env: dict[str, str],
     confinement: Confinement = Confinement(),
@@ -510,7 +512,9 @@ def bwrap_command(
         if not any(_contains(shown, path) for shown in (*SYSTEM_DIRS, *ETC_FILES)):
             # (system files are there already)
             args += [*_parents(path, made), "--ro-bind", real, path]
-    args += ["--bind", workspace, WORKSPACE, "--bind", runtime_dir, RUNTIME_DIR]
+    args += ["--bind", workspace, WORKSPACE]
+    # Sockets only: a sized tmpfs of its own (it was a host directory, unbounded).
+    args += [*_sized(RUNTIME_DIR_BYTES), "--perms", "1777", "--tmpfs", RUNTIME_DIR]
     if c.packages_dir:
         args += ["--bind", c.packages_dir, f"{WORKSPACE}/{PACKAGES_DIR}"]
     # bwrap's root is an unsized tmpfs the sandbox user owns (its own uid's, as an

@@ -205,7 +205,8 @@ class SandboxProcess:
         """
         spec = self.spec
         private_dir(spec.workspace)
-        private_dir(spec.runtime_dir)
+        if not self.isolation.isolated:  # (bubblewrap's is a sized tmpfs inside)
+            private_dir(spec.runtime_dir)
         # Present from the start, so packages installed later import without a
         # restart (in an image: made by the child once it has mounted it).
         if spec.image is None and not make_dirs_inside(spec.workspace, PACKAGES_DIR):
@@ -274,7 +275,9 @@ class SandboxProcess:
         if host is None:
             return []
         spec = self.spec
-        dirs = [spec.workspace, spec.runtime_dir]
+        dirs = [spec.workspace]
+        if not self.isolation.isolated:
+            dirs.append(spec.runtime_dir)
         if spec.files_dir is not None:
             dirs.append(spec.files_dir)
         if spec.packages_dir is not None:
@@ -372,7 +375,6 @@ class SandboxProcess:
             inner += ["--confine", landlock_policy_inside(confinement).to_json()]
         argv = bwrap_command(
             workspace=str(spec.workspace),
-            runtime_dir=str(spec.runtime_dir),
             inner=inner,
             env=env,
             confinement=confinement,
