@@ -8,7 +8,7 @@ from typing import Any
 
 from tornado import httpclient
 
-from .base import Endpoint, kernel_busy_error, state_not_saved_error
+from .base import ClaimStatus, Endpoint, Phase, kernel_busy_error, state_not_saved_error
 
 log = logging.getLogger(__name__)
 
@@ -107,11 +107,14 @@ async def save_kernel_state(
 
 
 async def before_suspend(
-    endpoint: Endpoint, name: str, *, force: bool, save: bool, max_bytes: int, timeout: float
+    status: ClaimStatus | None, *, force: bool, save: bool, max_bytes: int, timeout: float
 ) -> None:
-    """What a suspend of the sandbox at ``endpoint`` does first: refuse a kernel
-    running a cell, then save its variables and refuse if that fails; ``force``
-    skips the refusals (the save is still tried)."""
+    """What a suspend of a claim's sandbox does first, when it is Ready and its
+    runtime known: refuse a kernel running a cell, then save its variables and
+    refuse if that fails; ``force`` skips the refusals (the save is still tried)."""
+    if status is None or status.endpoint is None or status.phase != Phase.READY:
+        return
+    endpoint, name = status.endpoint, status.name
     if not force and await kernel_busy(endpoint):
         raise kernel_busy_error(name)
     if save:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from .base import ClaimError, ClaimRequest, ClaimStatus, InvalidRequest, Phase
+from .base import ClaimError, ClaimRequest, ClaimStatus, InvalidRequest
 from .http_client import HttpControlPlane
 from .kubernetes.options import parse_options
 from .runtime_client import before_suspend
@@ -88,13 +88,11 @@ class ClaimServiceControlPlane(HttpControlPlane):
             status = await self.status(name)
         except ClaimError:
             status = None
-        if status is not None and status.endpoint is not None and status.phase == Phase.READY:
-            await before_suspend(
-                status.endpoint,
-                name,
-                force=force,
-                save=self.save_state,
-                max_bytes=self.state_max_bytes,
-                timeout=self.state_timeout,
-            )
+        await before_suspend(
+            status,
+            force=force,
+            save=self.save_state,
+            max_bytes=self.state_max_bytes,
+            timeout=self.state_timeout,
+        )
         return await super().suspend(name, force=True)

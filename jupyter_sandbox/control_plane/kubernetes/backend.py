@@ -508,16 +508,13 @@ class KubernetesControlPlane(ControlPlane):
     async def suspend(self, name: str, *, force: bool = False) -> ClaimStatus:
         """Refuse a busy kernel, save its variables on the workspace volume (the
         next pod's runtime loads them), then set the Sandbox Suspended."""
-        status = await self.status(name)
-        if status is not None and status.endpoint is not None and status.phase == Phase.READY:
-            await before_suspend(
-                status.endpoint,
-                name,
-                force=force,
-                save=self.save_state,
-                max_bytes=self.state_max_bytes,
-                timeout=self.state_timeout,
-            )
+        await before_suspend(
+            await self.status(name),
+            force=force,
+            save=self.save_state,
+            max_bytes=self.state_max_bytes,
+            timeout=self.state_timeout,
+        )
         return await self._patch_sandbox(name, {"spec": {"operatingMode": "Suspended"}})
 
     async def resume(self, name: str) -> ClaimStatus:
