@@ -30,7 +30,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .disk_usage import Usage
-from .host_uid import _check, _libc, mount_idmapped
+from .host_uid import mount, mount_idmapped
 from .paths import private_dir
 
 log = logging.getLogger(__name__)
@@ -72,12 +72,7 @@ class AttachedImage:
     def mount_over(self, workspace: str) -> None:
         """In the child, in its own mount namespace: mount the image at
         ``workspace``; the first time, drop mkfs's lost+found and make it 0700."""
-        _check(
-            _libc.mount(
-                self.device.encode(), workspace.encode(), b"ext4", _MS_NOSUID | _MS_NODEV, None
-            ),
-            f"mount {self.device} on {workspace}",
-        )
+        mount(self.device, workspace, "ext4", _MS_NOSUID | _MS_NODEV)
         if self.fresh:
             os.rmdir(os.path.join(workspace, "lost+found"))  # e2fsck makes it if needed
         os.chmod(workspace, 0o700)

@@ -80,6 +80,15 @@ def _check(result: int, what: str) -> int:
     return result
 
 
+def mount(source: str, target: str, fstype: str | None, flags: int) -> None:
+    """mount(2), with no data; OSError naming what failed."""
+    kind = fstype.encode() if fstype is not None else None
+    _check(
+        _libc.mount(source.encode(), target.encode(), kind, ctypes.c_ulong(flags), None),
+        f"mount {source} on {target}",
+    )
+
+
 def _unshare(flags: int) -> None:
     _check(_libc.unshare(ctypes.c_int(flags)), "unshare")
 
@@ -202,7 +211,7 @@ def private_mount_namespace() -> None:
     """Move the calling process (single-threaded) into a mount namespace of its own:
     mounts the host makes later still appear, and nothing mounted here goes back."""
     _unshare(_CLONE_NEWNS)
-    _check(_libc.mount(b"none", b"/", None, _MS_REC | _MS_SLAVE, None), "mount --make-rslave /")
+    mount("none", "/", None, _MS_REC | _MS_SLAVE)  # mount --make-rslave /
 
 
 def _idmap_over_itself(mount: IdmappedMount) -> None:
