@@ -62,6 +62,9 @@ def cmd_lab(args: argparse.Namespace) -> int:
 
     async def prepare(specs: list[str]) -> int:
         plane = _plane()
+        # A daemon started here goes when this JupyterLab does (execv keeps the pid)
+        # and its kernels are released; one that runs already is left as it is.
+        plane.daemon_args += ["--exit-with", str(os.getpid())]
         info = await plane.ensure_daemon()
         pools = await plane.list_pools()
         print(

@@ -373,3 +373,25 @@ async def test_ctrl_c_after_a_failed_start_stops_the_server(tmp_path: Path) -> N
             server.proc.wait(20)
         except subprocess.TimeoutExpired:
             pytest.fail("the server was still running 20 s after Ctrl-C:\n" + server.log_text())
+
+
+async def test_the_daemon_lab_started_goes_when_lab_does(tmp_path: Path) -> None:
+    """It stayed up an hour after JupyterLab exited, warm sandboxes and all. The
+    daemon `lab` starts now exits once that JupyterLab has exited and its kernels
+    are released; a daemon that ran before is not lab's to stop."""
+    import json
+    import os
+
+    import psutil
+
+    home = tmp_path / "home"
+    env = {**os.environ, "JUPYTER_SANDBOX_HOME": str(home), "JUPYTER_SANDBOX_DEFAULT_REPLICAS": "1"}
+    async with lab_server(tmp_path, env=env) as server:
+        daemon = psutil.Process(json.loads((home / "daemon.json").read_text())["pid"])
+        kernel_id = await start_kernel(server)
+        await server.request("GET", f"/api/sandbox/kernels/{kernel_id}", expect=200)
+        assert daemon.is_running()
+    # lab_server stopped JupyterLab (SIGTERM): it shut its kernel down on the way out.
+    daemon.wait(60)
+    assert not (home / "daemon.json").exists()
+    assert "exited: exiting" in (home / "daemon.log").read_text()

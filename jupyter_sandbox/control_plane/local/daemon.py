@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_sockets, bind_unix_socket
 
@@ -36,6 +37,8 @@ from .packages import host_forwarding
 from .paths import check_socket_room, private_dir, socket_path, state_dir
 
 log = logging.getLogger("jupyter_sandbox.daemon")
+
+OWNER_POLL_SECONDS = 2.0
 
 DEFAULT_POOL = "default"
 
@@ -143,7 +146,9 @@ async def serve(args: argparse.Namespace) -> int:
     runner = asyncio.create_task(controller.run())
     liveness = asyncio.create_task(controller.probe_liveness())
     disk_watch = asyncio.create_task(controller.watch_disk())
-    idle_task = asyncio.create_task(_idle_watch(controller, ctx.stop, args.idle_timeout))
+    idle_task = asyncio.create_task(
+        _idle_watch(controller, ctx.stop, args.idle_timeout, _owner(args.exit_with))
+    )
     await ctx.stop.wait()
     log.info("daemon stopping")
     runner.cancel()
@@ -306,19 +311,47 @@ def _usable_port(port: int) -> int:
     raise OSError("no loopback port for the router")
 
 
-async def _idle_watch(controller: LocalController, stop: asyncio.Event, timeout: float) -> None:
-    """Exit after ``timeout`` seconds without any claim, so warm pools don't linger forever."""
-    if timeout <= 0:
+async def _idle_watch(
+    controller: LocalController,
+    stop: asyncio.Event,
+    timeout: float,
+    owner: psutil.Process | None = None,
+) -> None:
+    """Exit after ``timeout`` seconds without any claim, so warm pools don't linger
+    forever; and, with an ``owner`` (the JupyterLab that started this daemon), as
+    soon as it has exited and no claim is left."""
+    if timeout <= 0 and owner is None:
         return
     idle_since = time.monotonic()
     while True:
-        await asyncio.sleep(min(timeout, 10))
+        await asyncio.sleep(OWNER_POLL_SECONDS if owner is not None else min(timeout, 10))
         if controller.store.claims:
             idle_since = time.monotonic()
-        elif time.monotonic() - idle_since >= timeout:
+        elif owner is not None and not _alive(owner):
+            log.info("the JupyterLab that started this daemon (pid %s) exited: exiting", owner.pid)
+            stop.set()
+            return
+        elif timeout > 0 and time.monotonic() - idle_since >= timeout:
             log.info("no claims for %ss: exiting", timeout)
             stop.set()
             return
+
+
+def _alive(process: psutil.Process) -> bool:
+    """Still running, and still the same process (not a reused pid)."""
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _owner(pid: int | None) -> psutil.Process | None:
+    if pid is None:
+        return None
+    try:
+        return psutil.Process(pid)
+    except psutil.Error:
+        return None  # gone already: the idle timeout alone applies
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -339,6 +372,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--idle-timeout",
         type=float,
         default=float(os.environ.get("JUPYTER_SANDBOX_IDLE_TIMEOUT", "3600")),
+    )
+    parser.add_argument(
+        "--exit-with",
+        type=int,
+        default=None,
+        metavar="PID",
+        help="exit once this process (the JupyterLab that started the daemon) has exited "
+        "and no claim is left",
     )
     parser.add_argument(
         "--disk-check-seconds",
