@@ -492,7 +492,11 @@ const plugin: JupyterFrontEndPlugin<void> = {
       const shownIn = workspace;
       showWorkspace = kernelId => {
         const sandboxed = kernelId && events.kernel(kernelId) ? kernelId : null;
-        shownIn.showSandbox(sandboxed ? (sessionPath(sandboxed) ?? sandboxed) : null, sandboxed);
+        shownIn.showSandbox(
+          sandboxed ? (sessionPath(sandboxed) ?? sandboxed) : null,
+          sandboxed,
+          sandboxed ? events.kernel(sandboxed)?.sandbox : undefined
+        );
       };
       updateActive();
     }

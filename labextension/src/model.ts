@@ -712,3 +712,32 @@ export function terminalTarget(
   }
   return ids.length ? { kind: 'choose', ids } : { kind: 'none' };
 }
+
+/**
+ * What the Sandbox Files panel says above the sandbox's workspace. With the
+ * notebook's directory bound in (the local default), its files are in the usual
+ * file browser and the workspace shown here is mostly empty: say so.
+ */
+export function workspaceHeader(
+  label: string | null,
+  sandbox: ISandboxDescription | undefined
+): string {
+  if (!label) {
+    return 'Open a sandboxed notebook or console to see its sandbox’s files.';
+  }
+  const bound = sandbox?.resources?.files_dir;
+  if (sandbox?.files?.mode === 'copy') {
+    return (
+      `Workspace of the sandbox of ${label}: the notebook’s directory was copied in ` +
+      'here; what the kernel changes is copied back at suspend and shutdown.'
+    );
+  }
+  if (typeof bound === 'string' && bound) {
+    return (
+      `${label}: its directory (${bound}) is bound into the sandbox, so its files ` +
+      'are in the file browser as usual. Below is the sandbox’s own workspace ' +
+      '(/workspace, its home), for what the kernel keeps elsewhere.'
+    );
+  }
+  return `Workspace of the sandbox of ${label}`;
+}

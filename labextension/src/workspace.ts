@@ -8,6 +8,7 @@ import { ISignal, Signal } from '@lumino/signaling';
 import { Panel, Widget } from '@lumino/widgets';
 
 import { requestAPI } from './api';
+import { ISandboxDescription, workspaceHeader } from './model';
 
 import sandboxFilesSvgStr from '../style/icons/sandbox-files.svg';
 
@@ -222,10 +223,12 @@ export class WorkspacePanel extends Panel {
   }
 
   /** Show the workspace of this kernel's sandbox (null: none in focus). */
-  showSandbox(label: string | null, kernelId: string | null = null): void {
-    this._header.node.textContent = label
-      ? `Workspace of the sandbox of ${label}`
-      : 'Open a sandboxed notebook or console to see its sandbox’s files.';
+  showSandbox(
+    label: string | null,
+    kernelId: string | null = null,
+    sandbox?: ISandboxDescription
+  ): void {
+    this._header.node.textContent = workspaceHeader(label, sandbox);
     this.browser.node.style.display = label ? '' : 'none';
     if (kernelId !== this._kernelId) {
       this._kernelId = kernelId;

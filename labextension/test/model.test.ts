@@ -18,7 +18,8 @@ import {
   secondsToIdleCull,
   startsText,
   stateLabel,
-  usageRows
+  usageRows,
+  workspaceHeader
 } from '../src/model';
 
 const ready = {
@@ -403,5 +404,16 @@ describe('one toast for many starts', () => {
     ]
   ])('%s', (_, ready, expected) => {
     expect(readyText(ready)).toBe(expected);
+  });
+});
+
+describe('workspaceHeader', () => {
+  it.each([
+    ['nothing in focus', null, undefined, 'Open a sandboxed notebook'],
+    ['a bound directory', 'a.ipynb', { claim: 'c', resources: { files_dir: '/home/u/p' } }, 'is bound into the sandbox'],
+    ['copy mode', 'a.ipynb', { claim: 'c', files: { mode: 'copy', dir: '/p' } }, 'copied in here'],
+    ['no notebook directory', 'Console 1', { claim: 'c', resources: {} }, 'Workspace of the sandbox of Console 1']
+  ])('%s', (_, label, sandbox, expected) => {
+    expect(workspaceHeader(label as any, sandbox as any)).toContain(expected);
   });
 });

@@ -437,7 +437,10 @@ def test_the_sandbox_files_panel_browses_opens_and_uploads(tmp_path: Path) -> No
         )
         page.locator(".lm-TabBar-tab[title^='Sandbox Files']").first.click()
         workspace = page.locator("#jupyter-sandbox-workspace")
-        expect(workspace.locator(".jp-SandboxWorkspace-header")).to_contain_text("Untitled.ipynb")
+        header = workspace.locator(".jp-SandboxWorkspace-header")
+        expect(header).to_contain_text("Untitled.ipynb")
+        # Bound (the default): the notebook's own files are not here, and it says so.
+        expect(header).to_contain_text("is bound into the sandbox, so its files are in the file")
         listing = workspace.locator(".jp-DirListing-content")
         folder = listing.locator(".jp-DirListing-item", has_text="results")
         folder.wait_for()
