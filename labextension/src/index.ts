@@ -824,14 +824,14 @@ async function setUpLauncher(
           command: CommandIDs.newNotebook,
           args: { isLauncher: true, kernelName: name },
           category: LAUNCHER_NOTEBOOKS,
-          categoryRank: 10,
+          categoryRank: -1, // before JupyterLab's Notebook section (0): sandboxed first
           rank
         }),
         launcher.add({
           command: CommandIDs.newConsole,
           args: { isLauncher: true, kernelName: name },
           category: LAUNCHER_CONSOLES,
-          categoryRank: 25,
+          categoryRank: 19, // before its Console section (20)
           rank
         })
       );

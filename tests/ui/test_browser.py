@@ -226,6 +226,10 @@ def test_notebook_in_a_sandbox_suspend_and_resume(tmp_path: Path) -> None:
         card = section.locator(".jp-LauncherCard", has_text=KERNEL_DISPLAY)
         card.wait_for()
         assert card.locator("svg").count() >= 1, "the card has no icon"
+        # Sandboxed first: above JupyterLab's own (unsandboxed) Notebook section.
+        titles = page.locator(".jp-Launcher-section .jp-Launcher-sectionTitle").all_inner_texts()
+        assert titles.index("Sandboxed notebooks") < titles.index("Notebook"), titles
+        assert titles.index("Sandboxed consoles") < titles.index("Console"), titles
         notebook_section = page.locator(
             ".jp-Launcher-section", has=page.locator("h2", has_text="Notebook")
         ).first
