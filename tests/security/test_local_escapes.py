@@ -402,7 +402,6 @@ def test_a_mount_too_many_is_still_out_of_reach(tmp_path: Path) -> None:
     secret.chmod(0o755)
     (secret / "id_rsa").chmod(0o644)
     (tmp_path / "ws").mkdir()
-    (tmp_path / "rt").mkdir()
     policy = isolation.landlock_policy_inside()
     code = (
         f"import sys; sys.path.insert(0, {str(REPO)!r})\n"
@@ -417,7 +416,6 @@ def test_a_mount_too_many_is_still_out_of_reach(tmp_path: Path) -> None:
     )
     argv = isolation.bwrap_command(
         workspace=str(tmp_path / "ws"),
-        runtime_dir=str(tmp_path / "rt"),
         inner=[sys.executable, "-I", "-c", code],
         env={"PATH": "/usr/bin:/bin"},
         confinement=isolation.Confinement(),
