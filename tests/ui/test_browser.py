@@ -231,8 +231,8 @@ def test_notebook_in_a_sandbox_suspend_and_resume(tmp_path: Path) -> None:
         assert titles.index("Sandboxed notebooks") < titles.index("Notebook"), titles
         assert titles.index("Sandboxed consoles") < titles.index("Console"), titles
         notebook_section = page.locator(
-            ".jp-Launcher-section", has=page.locator("h2", has_text="Notebook")
-        ).first
+            ".jp-Launcher-section", has=page.locator("h2", has_text=re.compile("^Notebook$"))
+        )
         assert notebook_section.locator(".jp-LauncherCard", has_text="(sandbox:").count() == 0
         logo = page.request.get(f"{lab.url}/kernelspecs/sandbox-default/logo-64x64.png")
         assert logo.ok and logo.headers["content-type"].startswith("image/png")
