@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import pytest
 
@@ -63,6 +65,23 @@ async def _execute(kc, code: str) -> dict:
         msg = await kc.get_iopub_msg(timeout=120)
         if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "execute_result":
             return msg["content"]["data"]
+
+
+@asynccontextmanager
+async def _kernel_in(specs, name: str, cwd: str) -> AsyncIterator[tuple]:
+    """A kernel of kernelspec ``name`` started in ``cwd``, ready; shut down after."""
+    from jupyter_client.manager import AsyncKernelManager
+
+    km = AsyncKernelManager(kernel_name=name, kernel_spec_manager=specs)
+    await km.start_kernel(cwd=cwd)
+    kc = km.client()
+    kc.start_channels()
+    try:
+        await kc.wait_for_ready(timeout=180)
+        yield km, kc
+    finally:
+        kc.stop_channels()
+        await km.shutdown_kernel(now=True)
 
 
 async def test_kernel_in_real_pod_through_router(kube, warm_pool, kernelspecs):
@@ -184,8 +203,6 @@ async def test_a_pool_with_the_users_volume_shows_the_notebooks_directory(
     installs with %pip is kept on the volume for the project's next kernel."""
     import getpass
 
-    from jupyter_client.manager import AsyncKernelManager
-
     from tests.operator.conftest import POOL, TPL
     from tests.test_packages import PACKAGE, build_wheel
 
@@ -239,12 +256,7 @@ async def test_a_pool_with_the_users_volume_shows_the_notebooks_directory(
 
         specs = node_kernelspecs(kube_node_cluster, kube, router, tmp_path, "home", "sbhome")
 
-        km = AsyncKernelManager(kernel_name="sbhome", kernel_spec_manager=specs)
-        await km.start_kernel(cwd=str(project))
-        kc = km.client()
-        kc.start_channels()
-        try:
-            await kc.wait_for_ready(timeout=180)
+        async with _kernel_in(specs, "sbhome", str(project)) as (km, kc):
             data = await _execute(
                 kc,
                 "import os\nopen('result.txt', 'w').write('from the pod')\n"
@@ -270,25 +282,14 @@ async def test_a_pool_with_the_users_volume_shows_the_notebooks_directory(
                 f"{wheel.name!r}], capture_output=True).returncode",
             )
             assert data["text/plain"] == "0"
-        finally:
-            kc.stop_channels()
-            await km.shutdown_kernel(now=True)
         wait_for(lambda: not kube.list(CLAIM), 60, what="claim deleted")
         # The project's next kernel, in a new pod, imports the package at once.
-        km = AsyncKernelManager(kernel_name="sbhome", kernel_spec_manager=specs)
-        await km.start_kernel(cwd=str(project))
-        kc = km.client()
-        kc.start_channels()
-        try:
-            await kc.wait_for_ready(timeout=180)
+        async with _kernel_in(specs, "sbhome", str(project)) as (_, kc):
             code = f"import {PACKAGE}; {PACKAGE}.VALUE + '|' + {PACKAGE}.__file__"
             data = await _execute(kc, code)
             value, where = data["text/plain"].strip("'").split("|")
             assert value == "installed in the sandbox"
             assert where.startswith(str(home / ".local/share/jupyter-sandbox/packages") + "/")
-        finally:
-            kc.stop_channels()
-            await km.shutdown_kernel(now=True)
         wait_for(lambda: not kube.list(CLAIM), 60, what="claim deleted")
         # the user's volume outlives the sandbox: it is not the sandbox's to delete
         assert kube.core.read_namespaced_persistent_volume_claim(f"claim-{user}", kube.ns)
