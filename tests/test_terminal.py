@@ -165,6 +165,27 @@ async def test_terminal_requests_that_are_not_allowed_get_a_clear_answer(tmp_pat
         async with kernel_socket(server) as (kernel_id, _):
             code, _ = await refused(kernel_id, {})  # no token: not this server's user
             assert code == 403
+            # A page of another site, riding the browser's login cookie (cross-site
+            # WebSocket hijacking); a token in a header is no such risk and skips this.
+            login = await httpclient.AsyncHTTPClient().fetch(
+                f"{server.url}/lab?token={server.token}", follow_redirects=False, raise_error=False
+            )
+            cookies = "; ".join(
+                c.split(";", 1)[0] for c in login.headers.get_list("Set-Cookie") if "=" in c
+            )
+            assert cookies, login.headers
+            code, _ = await refused(kernel_id, {"Cookie": cookies, "Origin": "http://evil.test"})
+            assert code == 403
+            own = Terminal(
+                await websocket.websocket_connect(
+                    httpclient.HTTPRequest(
+                        f"{url}/api/sandbox/kernels/{kernel_id}/terminal",
+                        headers={"Cookie": cookies, "Origin": server.url},
+                    )
+                )
+            )
+            assert await own.message(30) == ["setup", {}]  # the same cookie, its own page
+            own.close()
             plain_get = await httpclient.AsyncHTTPClient().fetch(
                 f"{server.url}/api/sandbox/kernels/{kernel_id}/terminal",
                 headers=server.headers(),

@@ -14,6 +14,7 @@ other node tests."""
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 import os
@@ -385,6 +386,11 @@ async def test_notebook_through_deployed_router(kube_node_cluster, deployed, tmp
             "(socket.gethostname(), os.getuid())",
         )
         assert data["text/plain"] == repr((sandbox, 1000))
+        # the Sandbox Terminal: a shell in the pod, through the deployed router
+        # (the typed line is echoed as typed: only the shell's output has the values)
+        await _terminal_says(
+            km.provisioner.session.endpoint, 'echo "$(hostname)/$(id -u)/ok"', f"{sandbox}/1000/ok"
+        )
 
         # suspend (what the culler does): the pod goes, the PVC stays
         await km.provisioner.suspend()
@@ -415,6 +421,32 @@ async def test_notebook_through_deployed_router(kube_node_cluster, deployed, tmp
         f"\n[deploy] kernel start via the deployed router {start_s:.2f}s;"
         f" resume to first reply {resume_s:.1f}s"
     )
+
+
+async def _terminal_says(endpoint, command: str, until: str) -> str:
+    """What a sandbox terminal shows once ``command`` has printed ``until``,
+    opened as the Jupyter server opens it (runtime_websocket_request)."""
+    from tornado import websocket
+
+    from jupyter_sandbox.kernel_provisioner.bridge import runtime_websocket_request
+
+    request, resolver = runtime_websocket_request(endpoint, "api/terminal")
+    ws = await websocket.websocket_connect(request, resolver=resolver)
+    try:
+        assert json.loads(await ws.read_message()) == ["setup", {}]
+        ws.write_message(json.dumps(["stdin", f"{command}\r"]))
+        screen = ""
+        deadline = time.monotonic() + 60
+        while until not in screen:
+            assert time.monotonic() < deadline, screen
+            message = await asyncio.wait_for(ws.read_message(), 60)
+            assert message is not None, screen
+            kind, *rest = json.loads(message)
+            if kind == "stdout":
+                screen += rest[0]
+        return screen
+    finally:
+        ws.close()
 
 
 def _router_status(router_url: str, sandbox: str, token: str) -> int:
