@@ -434,7 +434,13 @@ class LocalController:
             for sandbox in list(self.store.sandboxes.values()):
                 if not sandbox.owner.startswith("claim/") or sandbox.name not in self.processes:
                     continue  # the pool's spares hold nothing; a stopped one cannot grow
-                usage = await asyncio.to_thread(self._measure, sandbox)
+                try:
+                    usage = await asyncio.to_thread(self._measure, sandbox)
+                except OSError as exc:
+                    # It stopped while measured (its /proc went): the next round sees.
+                    # Letting this through ended the watch for every sandbox.
+                    log.info("sandbox %s: workspace not measured: %s", sandbox.name, exc)
+                    continue
                 pool = self.store.pools.get(sandbox.pool) or PoolSpec(name=sandbox.pool)
                 before = self.disk.get(sandbox.name)
                 self.disk[sandbox.name] = usage
