@@ -322,7 +322,7 @@ def test_a_console_on_a_sandbox_kernel(tmp_path: Path) -> None:
         expect(suspend).not_to_have_attribute("aria-disabled", "true")
         page.screenshot(path=str(shots / "01-console-kernel-menu.png"))
         suspend.click()
-        expect(status).to_have_attribute("data-sandbox-state", "suspended")
+        expect(status).to_have_attribute("data-sandbox-state", "suspended", timeout=TIMEOUT_MS)
 
         # The panel names it as JupyterLab does ("Console 1"), not by its session id.
         page.locator(".lm-TabBar-tab[title='Sandboxes']").first.click()
