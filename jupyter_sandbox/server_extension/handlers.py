@@ -54,6 +54,19 @@ def http_error(exc: RuntimeFileError) -> web.HTTPError:
     return web.HTTPError(status, str(exc))
 
 
+def sandbox_provisioner(kernel_manager: Any, kernel_id: str) -> SandboxProvisioner:
+    """The sandbox provisioner of a kernel this server runs: 400 for a malformed id,
+    404 for an unknown kernel, 409 for one that does not run in a sandbox."""
+    if not KERNEL_ID_RE.match(kernel_id):
+        raise web.HTTPError(400, f"{kernel_id!r} is not a kernel id (a UUID)")
+    if kernel_id not in kernel_manager:
+        raise web.HTTPError(404, f"no kernel {kernel_id}")
+    provisioner = getattr(kernel_manager.get_kernel(kernel_id), "provisioner", None)
+    if not isinstance(provisioner, SandboxProvisioner):
+        raise web.HTTPError(409, f"kernel {kernel_id} does not run in a sandbox")
+    return provisioner
+
+
 class SandboxAPIHandler(APIHandler):  # type: ignore[misc]
     auth_resource = AUTH_RESOURCE
 
@@ -61,19 +74,8 @@ class SandboxAPIHandler(APIHandler):  # type: ignore[misc]
     def hub(self) -> EventHub | None:
         return self.settings.get(HUB_SETTING)  # type: ignore[no-any-return]
 
-    def check_kernel_id(self, kernel_id: str) -> None:
-        if not KERNEL_ID_RE.match(kernel_id):
-            raise web.HTTPError(400, f"{kernel_id!r} is not a kernel id (a UUID)")
-
     def provisioner(self, kernel_id: str) -> SandboxProvisioner:
-        self.check_kernel_id(kernel_id)
-        km = self.kernel_manager
-        if kernel_id not in km:
-            raise web.HTTPError(404, f"no kernel {kernel_id}")
-        provisioner = getattr(km.get_kernel(kernel_id), "provisioner", None)
-        if not isinstance(provisioner, SandboxProvisioner):
-            raise web.HTTPError(409, f"kernel {kernel_id} does not run in a sandbox")
-        return provisioner
+        return sandbox_provisioner(self.kernel_manager, kernel_id)
 
     def kernel_model(self, kernel_id: str, provisioner: SandboxProvisioner) -> dict[str, Any]:
         return kernel_entry(kernel_id, self.kernel_manager.get_kernel(kernel_id), provisioner)

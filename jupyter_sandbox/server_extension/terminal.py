@@ -30,9 +30,8 @@ from tornado import httpclient, web, websocket
 from ..control_plane.base import ClaimError
 from ..kernel_provisioner import ws_client
 from ..kernel_provisioner.bridge import runtime_websocket_request
-from ..kernel_provisioner.provisioner import SandboxProvisioner
 from ..protocol import terminal as messages
-from .handlers import AUTH_RESOURCE, KERNEL_ID_RE
+from .handlers import AUTH_RESOURCE, sandbox_provisioner
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +58,7 @@ class SandboxTerminalHandler(WebSocketMixin, websocket.WebSocketHandler, Jupyter
             raise web.HTTPError(403, "you may not execute code in this kernel")
         if self.request.headers.get("Upgrade", "").lower() != "websocket":
             raise web.HTTPError(400, "the sandbox terminal is a WebSocket")
-        provisioner = self._provisioner(kernel_id)
+        provisioner = sandbox_provisioner(self.kernel_manager, kernel_id)
         session = provisioner.session
         if session is None or session.released:
             raise web.HTTPError(409, f"kernel {kernel_id} has no sandbox now")
@@ -95,16 +94,6 @@ class SandboxTerminalHandler(WebSocketMixin, websocket.WebSocketHandler, Jupyter
         finally:
             if self.ws_connection is None:  # the browser's upgrade failed
                 self.on_close()
-
-    def _provisioner(self, kernel_id: str) -> SandboxProvisioner:
-        if not KERNEL_ID_RE.match(kernel_id):
-            raise web.HTTPError(400, f"{kernel_id!r} is not a kernel id (a UUID)")
-        if kernel_id not in self.kernel_manager:
-            raise web.HTTPError(404, f"no kernel {kernel_id}")
-        provisioner = getattr(self.kernel_manager.get_kernel(kernel_id), "provisioner", None)
-        if not isinstance(provisioner, SandboxProvisioner):
-            raise web.HTTPError(409, f"kernel {kernel_id} does not run in a sandbox")
-        return provisioner
 
     def open(self, kernel_id: str) -> None:  # type: ignore[override]
         super().open()  # the ping loop with the browser
