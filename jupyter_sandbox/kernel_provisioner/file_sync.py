@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
 from ..control_plane.base import Endpoint
+from ..runtime import guarded_names
 from . import runtime_files
 
 log = logging.getLogger(__name__)
@@ -107,6 +108,8 @@ def valid_component(name: str) -> bool:
         and "\x00" not in name
         and name not in EXCLUDED_DIRS
         and not name.endswith(EXCLUDED_SUFFIXES)
+        # what a bound directory's write guard keeps out (conftest.py, HEAD, .pth, ...)
+        and guarded_names.refusal(name) is None
     )
 
 

@@ -33,6 +33,10 @@ from jupyter_sandbox.kernel_provisioner.file_sync import (
         ("__pycache__", False),
         ("node_modules", False),
         ("module.pyc", False),
+        ("conftest.py", False),
+        ("HEAD", False),
+        ("evil.pth", False),
+        ("sitecustomize.py", False),
     ],
 )
 def test_which_names_travel(name: str, ok: bool) -> None:
