@@ -10,12 +10,13 @@ import os
 import signal
 import socket
 import sys
+from dataclasses import replace
 
 from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_sockets, bind_unix_socket
 
 from ..protocol import runtime_auth
-from . import landlock
+from . import landlock, write_guard
 from .app import DEFAULT_MAX_BODY, make_app
 from .kernel_state import has_state
 from .paths import KERNEL_CWD_ENV, PACKAGES_DIR, PACKAGES_DIR_ENV, kernel_cwd
@@ -137,6 +138,24 @@ async def serve(args: argparse.Namespace) -> None:
     await state.kernel.shutdown()
 
 
+def confine(policy: landlock.Policy) -> None:
+    """Put the policy's rules on this process; with a write guard, split off the
+    guard first (write_guard.py), in a domain that may also read /proc (the
+    callers' memory), which this process then gives up."""
+    rules = policy.rules()
+    if not (policy.write_guard and policy.data_only):
+        landlock.restrict_self(rules)
+        return
+    if "/proc" in policy.read_only:
+        guard_rules, then = rules, None
+    else:
+        guard_rules = replace(policy, read_only=(*policy.read_only, "/proc")).rules()
+        then = rules
+    landlock.restrict_self(guard_rules)
+    pid = write_guard.start(landlock.guard_layer(policy.data_only), then=then)
+    log.info("write guard %d keeps host-run names out of %s", pid, policy.data_only)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(
@@ -148,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         # Before any thread exists (the loop, ZMQ's I/O threads): they would keep
         # their rights. The rules are made here, from this process's own view of
         # the filesystem (inside bubblewrap, a sandbox's).
-        landlock.restrict_self(landlock.Policy.from_json(args.confine).rules())
+        confine(landlock.Policy.from_json(args.confine))
     asyncio.run(serve(args))
     return 0
 

@@ -141,6 +141,8 @@ class Policy:
     # Directories whose entries may be listed, not read: a source checkout on the
     # kernel's path (Python's importer lists a path entry to find a package in it).
     list_only: tuple[str, ...] = ()
+    # Names host tools run are kept out of ``data_only`` (write_guard.py).
+    write_guard: bool = False
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -155,6 +157,7 @@ class Policy:
             data_only=str(data["data_only"]) if data.get("data_only") else None,
             connect_ports=tuple(int(p) for p in ports) if ports is not None else None,
             list_only=tuple(str(p) for p in data.get("list_only", ())),
+            write_guard=bool(data.get("write_guard", False)),
         )
 
     def rules(self, abi: int | None = None) -> Rules:
@@ -216,6 +219,40 @@ def confinement(
         ports=tuple(connect_ports) if abi >= 4 and connect_ports is not None else (),
         scoped=SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL if abi >= 6 else 0,
     )
+
+
+# What only the write guard (write_guard.py) may do in a bound directory.
+GUARDED_WRITES = WRITE_FILE | TRUNCATE | MAKE_REG | MAKE_DIR
+
+
+@dataclass(frozen=True)
+class GuardLayer:
+    """A second rule set over :func:`confinement`'s: no file opened for writing,
+    truncated or made, no directory made, in the bound directory (nor directly in
+    its ancestors); everywhere else these rights are left to the first layer."""
+
+    rules: Rules
+    bound: str
+    # Where the layer grants them: every directory beside the path down to ``bound``.
+    granted: tuple[str, ...]
+
+
+def guard_layer(bound: str, abi: int | None = None) -> GuardLayer:
+    """The layer a bound directory's write guard puts under the runtime and kernel.
+
+    Landlock cannot take a right back beneath a grant, so the rights are granted
+    beside the path from ``/`` down to ``bound`` (as it is now), never above it.
+    """
+    abi = abi_version() if abi is None else abi
+    if abi < 2:
+        raise LandlockError("Landlock (ABI 2 or later) is not available on this kernel")
+    rights = GUARDED_WRITES & FS_RIGHTS[max(v for v in FS_RIGHTS if v <= abi)]
+    bound = os.path.realpath(bound)
+    granted = tuple(_beside_the_path("/", bound))
+    # Every rule set handles REFER, listed or not: granted everywhere, or files
+    # could no longer be moved between directories anywhere.
+    grants = (("/", REFER), *((p, rights) for p in granted))
+    return GuardLayer(Rules(rights | REFER, grants), bound, granted)
 
 
 def _beneath(top: str, path: str) -> bool:

@@ -352,6 +352,7 @@ class Confinement:
     userns_fd: int | None = None
     pool_packages: str | None = None  # the pool's requirements, read-only at POOL_PACKAGES
     ro_files: tuple[str, ...] = ()  # single files (CA bundles), read-only at their own path
+    write_guard: bool = False  # keep names host tools run out of files_dir (write_guard.py)
 
 
 # What of /proc a sandbox without its own PID namespace may read: the machine-wide
@@ -408,7 +409,14 @@ def _policy(
     # An editable install puts its checkout on the kernel's path: listed, not read.
     parent = package_parent()
     listed = (parent,) if parent else ()
-    return landlock.Policy(tuple(read_only), tuple(read_write), data_only, connect_ports, listed)
+    return landlock.Policy(
+        tuple(read_only),
+        tuple(read_write),
+        data_only,
+        connect_ports,
+        listed,
+        write_guard=c.write_guard and data_only is not None,
+    )
 
 
 def _parents(path: str, made: set[str]) -> list[str]:

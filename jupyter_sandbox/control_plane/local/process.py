@@ -18,7 +18,7 @@ from typing import Any
 
 from tornado.netutil import bind_unix_socket
 
-from ...runtime import landlock
+from ...runtime import landlock, write_guard
 from ...runtime.paths import PACKAGES_DIR
 from . import seccomp_filter
 from .cgroups import SandboxCgroup
@@ -141,6 +141,22 @@ def landlock_available() -> bool:
             "from the host"
         )
     return available
+
+
+@functools.cache
+def write_guard_available() -> bool:
+    """Whether a bound notebook directory gets its write guard (write_guard.py):
+    no .git, conftest.py, __pycache__ ... made or changed there from inside."""
+    if landlock.abi_version() < 2:
+        return False  # (landlock_available says so)
+    why = write_guard.probe()
+    if why is not None:
+        log.warning(
+            "no write guard for notebook directories bound from the host (%s): code in a "
+            "sandbox can create files there that host tools run, such as .git/config",
+            why,
+        )
+    return why is None
 
 
 def runtime_python(become_sandbox_user: bool = False) -> list[str]:
@@ -395,6 +411,9 @@ class SandboxProcess:
             pool_packages=str(spec.pool_packages) if spec.pool_packages else None,
             ro_files=spec.ro_files,
             userns_fd=self._userns_fd,
+            write_guard=(
+                spec.files_dir is not None and not spec.files_read_only and write_guard_available()
+            ),
         )
 
     async def _read_ready(self, fd: int) -> None:
