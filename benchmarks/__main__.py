@@ -24,7 +24,7 @@ async def local_figures(args: argparse.Namespace) -> list[Figure]:
     from jupyter_sandbox.control_plane.local.client import LocalControlPlane
     from jupyter_sandbox.kernelspec import install_kernelspec
 
-    from . import browser_path, hostile_runtime, kernel_state, kernels, server_path
+    from . import browser_path, hostile_runtime, kernel_state, kernels, server_path, write_guard
 
     prefix = tempfile.mkdtemp(prefix="bench-kernels-")
     install_kernelspec("bench", prefix=prefix, name=kernels.SANDBOX)
@@ -42,6 +42,7 @@ async def local_figures(args: argparse.Namespace) -> list[Figure]:
         await kernels.wait_pool_warm(plane, "bench")
         figures.append(await kernels.start_to_ready(plane, args.reps))
         figures.append(await kernels.start_in_notebook_dir(args.reps))
+        figures += await write_guard.file_writes(max(1, args.reps // 3))
         figures += await kernels.execute_round_trip(plane, args.round_trips)
         figures += await server_path.server_figures(
             kernels.SANDBOX,
