@@ -66,7 +66,7 @@ from .packages import (
     requirements_hash,
 )
 from .paths import listen_socket, private_dir, runtime_dir
-from .process import LaunchSpec, Limits, SandboxProcess
+from .process import LaunchSpec, Limits, SandboxProcess, bound_directory_refusal
 from .runtime_calls import RuntimeCalls
 
 log = logging.getLogger(__name__)
@@ -194,7 +194,9 @@ class LocalController:
         pool = self.store.pools[request.pool]
         if request.files_dir is not None and pool.files != FILES_NONE:
             try:
-                files_dir = self._bindable_files_dir(request.files_dir)
+                files_dir = self._bindable_files_dir(
+                    request.files_dir, read_only=pool.files == FILES_READ_ONLY
+                )
             except InvalidRequest as exc:
                 if not request.files_optional:
                     raise
@@ -215,15 +217,23 @@ class LocalController:
         self._touch("claim", name)
         return claim
 
-    def _bindable_files_dir(self, path: object) -> str:
+    def _bindable_files_dir(self, path: object, read_only: bool = False) -> str:
         """The notebook directory a sandbox may be given, resolved; InvalidRequest
         when it may not.  A root daemon shows it through an idmapped mount: on a
         filesystem without them (NFS, FUSE, ramfs) FilesNotBindable, with which the
-        provisioner copies the files instead."""
+        provisioner copies the files instead; the same where a writable bound
+        directory could not be kept to data (no Landlock, no write guard)."""
         try:
             files_dir = check_files_dir(path, self.base)
         except UnsafeMount as exc:
             raise InvalidRequest(str(exc)) from None
+        refusal = bound_directory_refusal() if self.isolation.confined and not read_only else None
+        if refusal:
+            raise FilesNotBindable(
+                f"a sandbox cannot write in {files_dir} bound from the host: {refusal}",
+                hint="its files are copied in and back instead (kernelspec files 'copy'); "
+                "a pool created with --files ro binds it read-only",
+            )
         host = self.isolation.host if self.isolation.isolated else None
         why = host.idmap_refusal(files_dir) if host is not None else None
         if why:

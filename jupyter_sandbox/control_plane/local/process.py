@@ -144,19 +144,24 @@ def landlock_available() -> bool:
 
 
 @functools.cache
-def write_guard_available() -> bool:
-    """Whether a bound notebook directory gets its write guard (write_guard.py):
-    no .git, conftest.py, __pycache__ ... made or changed there from inside."""
+def bound_directory_refusal() -> str | None:
+    """Why a notebook directory may not be bound read-write into a confined
+    sandbox here (its files are copied instead), or None when it may: nothing
+    else keeps links, FIFOs and names host tools run (.git, conftest.py, ...) out
+    of it."""
+    why: str | None
     if landlock.abi_version() < 2:
-        return False  # (landlock_available says so)
-    why = write_guard.probe()
+        why = "this kernel has no Landlock (ABI 2, Linux 5.19)"
+    else:
+        probe = write_guard.probe()
+        why = f"its write guard cannot run here ({probe})" if probe else None
     if why is not None:
         log.warning(
-            "no write guard for notebook directories bound from the host (%s): code in a "
-            "sandbox can create files there that host tools run, such as .git/config",
+            "notebook directories are copied into sandboxes, not bound: %s, and nothing "
+            "else keeps names host tools run (.git/config, conftest.py, ...) out of them",
             why,
         )
-    return why is None
+    return why
 
 
 def runtime_python(become_sandbox_user: bool = False) -> list[str]:
@@ -412,7 +417,9 @@ class SandboxProcess:
             ro_files=spec.ro_files,
             userns_fd=self._userns_fd,
             write_guard=(
-                spec.files_dir is not None and not spec.files_read_only and write_guard_available()
+                spec.files_dir is not None
+                and not spec.files_read_only
+                and bound_directory_refusal() is None
             ),
         )
 
