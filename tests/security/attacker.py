@@ -20,6 +20,19 @@ from jupyter_sandbox.client import SandboxClient
 from jupyter_sandbox.control_plane.local.client import LocalControlPlane
 from jupyter_sandbox.control_plane.local.paths import state_dir
 
+# Probe code run inside a sandbox starts with this: ``attempt(name, act)``
+# records in ``out`` "made", or the type of the OSError it met.
+ATTEMPT = """
+import json
+out = {}
+def attempt(name, act):
+    try:
+        act()
+        out[name] = "made"
+    except OSError as exc:
+        out[name] = type(exc).__name__
+"""
+
 
 def run_attacker(code: str, env: dict[str, str], cwd: Path) -> dict[str, object]:
     """Run this harness in a fresh process: ``code`` runs inside a sandbox it claims.

@@ -23,6 +23,7 @@ from tornado import httpclient
 
 from jupyter_sandbox.runtime import landlock
 from tests.helpers import KernelSocket, jupyter_server
+from tests.security.attacker import ATTEMPT
 from tests.test_notebook_files import project, start_notebook_kernel
 
 pytestmark = [
@@ -30,15 +31,10 @@ pytestmark = [
     pytest.mark.skipif(landlock.abi_version() < 2, reason="no Landlock ABI 2 on this kernel"),
 ]
 
-PLANT = """
-import json, os, socket
-out = {}
-def attempt(name, make):
-    try:
-        make()
-        out[name] = "made"
-    except OSError as exc:
-        out[name] = type(exc).__name__
+PLANT = (
+    ATTEMPT
+    + """
+import os, socket
 os.makedirs("subdir", exist_ok=True)
 for where in (".", "/tmp", "/workspace", "subdir"):
     attempt(f"{where}: symlink", lambda: os.symlink(SECRET, os.path.join(where, "results.csv")))
@@ -49,6 +45,7 @@ for where in (".", "/tmp", "/workspace", "subdir"):
 print(json.dumps(out))
 print(json.dumps(open("linked.csv").read()))
 """
+)
 
 
 @pytest.fixture

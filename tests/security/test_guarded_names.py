@@ -25,6 +25,7 @@ import pytest
 
 from jupyter_sandbox.runtime import landlock, write_guard
 from tests.helpers import KernelSocket, jupyter_server
+from tests.security.attacker import ATTEMPT
 from tests.test_notebook_files import project, start_notebook_kernel
 
 pytestmark = [
@@ -32,15 +33,10 @@ pytestmark = [
     pytest.mark.skipif(write_guard.probe() is not None, reason="no seccomp user notification"),
 ]
 
-ATTACK = r"""
-import ctypes, json, os, shutil, sqlite3, threading
-out = {}
-def attempt(name, make):
-    try:
-        make()
-        out[name] = "made"
-    except OSError as exc:
-        out[name] = type(exc).__name__
+ATTACK = (
+    ATTEMPT
+    + r"""
+import ctypes, os, shutil, sqlite3, threading
 def write(path, text="x"):
     with open(path, "w") as f:
         f.write(text)
@@ -107,6 +103,7 @@ attempt("truncated", lambda: os.truncate("final.txt", 1))
 attempt("removed", lambda: os.remove("data.csv"))
 print(json.dumps(out))
 """
+)
 
 REFUSED = [
     ".git here",

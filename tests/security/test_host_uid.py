@@ -28,6 +28,7 @@ from jupyter_sandbox.client import SandboxClient
 from jupyter_sandbox.control_plane.local.host_uid import host_uid_setting
 from jupyter_sandbox.control_plane.local.isolation import probe
 from tests.helpers import KernelSocket, jupyter_server
+from tests.security.attacker import ATTEMPT
 from tests.test_notebook_files import project, start_notebook_kernel
 
 from .test_bound_directory import notebooks_outside_tmp  # noqa: F401  (a fixture)
@@ -82,15 +83,8 @@ async def _status(claim: str | None) -> Any:
         await plane.close()
 
 
-SET_ID = """
-import json, os, shutil, stat
-out = {}
-def attempt(name, act):
-    try:
-        act()
-        out[name] = "done"
-    except OSError as exc:
-        out[name] = type(exc).__name__
+SET_ID = ATTEMPT + """
+import os, shutil, stat
 shutil.copy("/bin/sh", "shell")
 attempt("chmod u+s", lambda: os.chmod("shell", 0o4755))
 attempt("chmod g+s", lambda: os.chmod("shell", 0o2755))
@@ -120,7 +114,7 @@ async def test_no_set_id_file_can_be_left_in_the_notebook_directory(
         await server.request("DELETE", f"/api/kernels/{kernel_id}", expect=204)
     refused = {k: v for k, v in outcome.items() if k != "chmod +x"}
     assert set(refused.values()) == {"PermissionError"}, outcome
-    assert outcome["chmod +x"] == "done", outcome  # ordinary modes still work
+    assert outcome["chmod +x"] == "made", outcome  # ordinary modes still work
     owner = folder.stat().st_uid
     for path in folder.rglob("*"):
         info = path.lstat()
