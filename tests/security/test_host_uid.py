@@ -83,7 +83,9 @@ async def _status(claim: str | None) -> Any:
         await plane.close()
 
 
-SET_ID = ATTEMPT + """
+SET_ID = (
+    ATTEMPT
+    + """
 import os, shutil, stat
 shutil.copy("/bin/sh", "shell")
 attempt("chmod u+s", lambda: os.chmod("shell", 0o4755))
@@ -95,6 +97,7 @@ attempt("mknod u+s", lambda: os.mknod("node", stat.S_IFREG | 0o4755))
 attempt("chmod +x", lambda: os.chmod("shell", 0o755))
 print(json.dumps(out))
 """
+)
 
 
 async def test_no_set_id_file_can_be_left_in_the_notebook_directory(
