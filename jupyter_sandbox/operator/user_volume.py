@@ -20,7 +20,13 @@ from __future__ import annotations
 import posixpath
 from dataclasses import dataclass
 
-from ..runtime.paths import KERNEL_CWD_ENV, PACKAGES_DIR_ENV, USER_PACKAGES_SUBDIR, project_key
+from ..runtime.paths import (
+    GUARD_HOME_ENV,
+    KERNEL_CWD_ENV,
+    PACKAGES_DIR_ENV,
+    USER_PACKAGES_SUBDIR,
+    project_key,
+)
 
 USER_VOLUME_PATH_ANNOTATION = "jupyter-sandbox/user-volume-path"
 USER_VOLUME_READ_ONLY_ANNOTATION = "jupyter-sandbox/user-volume-read-only"
@@ -170,11 +176,14 @@ def attach(pod_spec: dict, pvc_name: str, volume: UserVolume, cwd: str, node: st
     mounts = [m for m in main.get("volumeMounts") or [] if m.get("mountPath") != volume.path]
     mounts.append({"name": VOLUME_NAME, "mountPath": volume.path, "readOnly": volume.read_only})
     main["volumeMounts"] = mounts
-    ours = {KERNEL_CWD_ENV, PACKAGES_DIR_ENV}
+    ours = {KERNEL_CWD_ENV, PACKAGES_DIR_ENV, GUARD_HOME_ENV}
     env = [e for e in main.get("env") or [] if e.get("name") not in ours]
     env.append({"name": KERNEL_CWD_ENV, "value": cwd})
-    if not volume.read_only:  # %pip packages stay with the project, on the user's volume
+    if not volume.read_only:
+        # %pip packages stay with the project, on the user's volume
         env.append({"name": PACKAGES_DIR_ENV, "value": packages_dir(volume, cwd)})
+        # and nothing their own server or shells would run can be written there
+        env.append({"name": GUARD_HOME_ENV, "value": volume.path})
     main["env"] = env
     if node:
         pin = {"key": "metadata.name", "operator": "In", "values": [node]}

@@ -19,7 +19,7 @@ from ..protocol import runtime_auth
 from . import landlock, write_guard
 from .app import DEFAULT_MAX_BODY, make_app
 from .kernel_state import has_state
-from .paths import KERNEL_CWD_ENV, PACKAGES_DIR, PACKAGES_DIR_ENV, kernel_cwd
+from .paths import GUARD_HOME_ENV, KERNEL_CWD_ENV, PACKAGES_DIR, PACKAGES_DIR_ENV, kernel_cwd
 from .state import RuntimeState
 
 RESTORE_TIMEOUT = 300.0
@@ -156,6 +156,16 @@ def confine(policy: landlock.Policy) -> None:
     log.info("write guard %d keeps host-run names out of %s", pid, policy.data_only)
 
 
+def guard_home(home: str, kept: str | None) -> None:
+    """In a pod with the user's volume (their home, which their own server and
+    shells read): the write guard over it, nothing else (the pod is the sandbox)."""
+    if not os.path.isdir(home):
+        raise write_guard.GuardUnavailable(f"{home} is not a directory")
+    layer = landlock.guard_layer(home, home=True, kept=kept)
+    pid = write_guard.start(layer)
+    log.info("write guard %d keeps dotfiles and host-run names out of %s", pid, home)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(
@@ -168,6 +178,18 @@ def main(argv: list[str] | None = None) -> int:
         # their rights. The rules are made here, from this process's own view of
         # the filesystem (inside bubblewrap, a sandbox's).
         confine(landlock.Policy.from_json(args.confine))
+    elif os.environ.get(GUARD_HOME_ENV):
+        try:
+            guard_home(os.environ[GUARD_HOME_ENV], os.environ.get(PACKAGES_DIR_ENV))
+        except (landlock.LandlockError, write_guard.GuardUnavailable) as exc:
+            log.error(
+                "the user's volume cannot be kept to data here (%s): the runtime does not "
+                "start. Give the pod a node with Landlock (Linux 5.19+) and seccomp user "
+                "notification (5.14+) allowed by its seccomp profile, or mount the volume "
+                "read-only (template annotation jupyter-sandbox/user-volume-read-only)",
+                exc,
+            )
+            return 3
     asyncio.run(serve(args))
     return 0
 

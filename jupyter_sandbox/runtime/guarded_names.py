@@ -41,6 +41,29 @@ GUARDED_SUFFIXES: dict[str, str] = {
 }
 
 
+HOME_DOTFILES = (
+    "a hidden entry at the top of the user's home: their own server and shells run what is "
+    "there (.bashrc, .profile, .jupyter/, .ipython/profile_default/startup/, "
+    ".local/share/jupyter/kernels/, .config/)"
+)
+
+
+def home_refusal(relative: str, kept: str | None = None, making_dir: bool = False) -> str | None:
+    """Why a path in a user's home volume (Kubernetes) may not be created or changed:
+    a guarded name anywhere, or any hidden entry at its top, unless it lies in
+    ``kept`` (the project's %pip packages, the sandbox's own; relative too) or is a
+    directory on the way down to it."""
+    if kept and (_within(relative, kept) or (making_dir and _within(kept, relative))):
+        return None
+    if relative.split(os.sep)[0].startswith(".") and relative != ".":
+        return f"{relative.split(os.sep)[0]!r} is {HOME_DOTFILES}"
+    return refusal(relative)
+
+
+def _within(path: str, top: str) -> bool:
+    return path == top or path.startswith(top.rstrip(os.sep) + os.sep)
+
+
 def refusal(relative: str) -> str | None:
     """Why a path (relative to the bound directory) may not be created or
     changed, or None when it may. Every component counts: ``sub/.git/config``

@@ -235,9 +235,15 @@ class GuardLayer:
     bound: str
     # Where the layer grants them: every directory beside the path down to ``bound``.
     granted: tuple[str, ...]
+    # ``bound`` is a user's home (Kubernetes): no hidden entry at its top either,
+    # but for ``kept`` beneath it (the project's %pip packages).
+    home: bool = False
+    kept: str | None = None
 
 
-def guard_layer(bound: str, abi: int | None = None) -> GuardLayer:
+def guard_layer(
+    bound: str, abi: int | None = None, *, home: bool = False, kept: str | None = None
+) -> GuardLayer:
     """The layer a bound directory's write guard puts under the runtime and kernel.
 
     Landlock cannot take a right back beneath a grant, so the rights are granted
@@ -252,7 +258,7 @@ def guard_layer(bound: str, abi: int | None = None) -> GuardLayer:
     # Every rule set handles REFER, listed or not: granted everywhere, or files
     # could no longer be moved between directories anywhere.
     grants = (("/", REFER), *((p, rights) for p in granted))
-    return GuardLayer(Rules(rights | REFER, grants), bound, granted)
+    return GuardLayer(Rules(rights | REFER, grants), bound, granted, home, kept)
 
 
 def _beneath(top: str, path: str) -> bool:

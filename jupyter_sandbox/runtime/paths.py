@@ -15,6 +15,9 @@ PACKAGES_DIR = ".local/packages"
 KERNEL_CWD_ENV = "SANDBOX_RUNTIME_KERNEL_CWD"
 # ... and where the notebook project's %pip packages are kept on that volume.
 PACKAGES_DIR_ENV = "SANDBOX_RUNTIME_PACKAGES_DIR"
+# Set by the operator when that volume is writable: it is the user's home, which
+# their own Jupyter server and shells read (write_guard.py keeps it to data).
+GUARD_HOME_ENV = "SANDBOX_RUNTIME_GUARD_HOME"
 # Under the user's volume: one directory per notebook project.
 USER_PACKAGES_SUBDIR = ".local/share/jupyter-sandbox/packages"
 

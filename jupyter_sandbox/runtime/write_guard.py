@@ -74,6 +74,7 @@ FLAG_CONTINUE = 1
 ADDFD_FLAG_SEND = 1 << 1
 PATH_MAX = 4096
 LOGGED_REFUSALS = 20  # then one line in a thousand
+MODE_BITS = 0o1777  # never a set-user-ID or set-group-ID bit on what the guard makes
 
 # The calls stopped, and where their path arguments are: (dirfd index or None, path index).
 PATHS: dict[str, tuple[tuple[int | None, int], ...]] = {
@@ -337,17 +338,23 @@ class Guard:
                 else args[OPEN_FLAGS_INDEX[name]]
             )
             mode = args[1] if name == "creat" else args[OPEN_FLAGS_INDEX[name] + 1]
-            return self._open(caller, targets[0], int(flags) & 0xFFFFFFFF, int(mode) & 0o7777)
+            return self._open(caller, targets[0], int(flags) & 0xFFFFFFFF, int(mode) & MODE_BITS)
         if name in ("mkdir", "mkdirat"):
             mode = args[1] if name == "mkdir" else args[2]
-            return self._mkdir(caller, targets[0], int(mode) & 0o7777)
+            return self._mkdir(caller, targets[0], int(mode) & MODE_BITS)
         if name == "truncate":
             return self._truncate(targets[0], args[1])
         flags = args[4] if name == "renameat2" else 0
         return self._rename(targets[0], targets[1], int(flags) & 0xFFFFFFFF)
 
-    def _refusal(self, path: str) -> Answer | None:
-        why = guarded_names.refusal(os.path.relpath(path, self.layer.bound))
+    def _refusal(self, path: str, making_dir: bool = False) -> Answer | None:
+        layer = self.layer
+        relative = os.path.relpath(path, layer.bound)
+        if layer.home:
+            kept = os.path.relpath(layer.kept, layer.bound) if layer.kept else None
+            why = guarded_names.home_refusal(relative, kept, making_dir)
+        else:
+            why = guarded_names.refusal(relative)
         if why is None:
             return None
         self.refused += 1
@@ -382,7 +389,7 @@ class Guard:
         place = where(target.parent, self.layer)
         if place == "granted":
             return Continue()
-        if place == "bound" and (refused := self._refusal(target.path)):
+        if place == "bound" and (refused := self._refusal(target.path, making_dir=True)):
             return refused
         previous = os.umask(caller.umask())
         try:

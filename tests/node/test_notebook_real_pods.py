@@ -192,6 +192,23 @@ async def test_nbclient_runs_a_notebook_in_a_real_pod(kube, warm_pool, kernelspe
     wait_for(lambda: not kube.list(CLAIM), 60, what="claim deleted after nbclient")
 
 
+PLANT_IN_HOME = """
+import json, os
+out = {{}}
+for name in (".jupyter/jupyter_server_config.py", ".bashrc",
+             ".local/share/jupyter/kernels/x/kernel.json", "project/.git/config",
+             "project/notes.txt"):
+    path = os.path.join({home!r}, name)
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        open(path, "a").write("print('planted')\\n")
+        out[name] = "made"
+    except OSError as exc:
+        out[name] = type(exc).__name__
+json.dumps(out)
+"""
+
+
 async def test_a_pool_with_the_users_volume_shows_the_notebooks_directory(
     kube_node_cluster, kube, host_pvs, operator, router, tmp_path
 ):
@@ -268,6 +285,20 @@ async def test_a_pool_with_the_users_volume_shows_the_notebooks_directory(
             # written straight to the user's volume, by the sandbox's user, while it runs
             assert (project / "result.txt").read_text() == "from the pod"
             assert (project / "result.txt").stat().st_uid == 1000
+
+            # The volume is the user's home: their own server and shells read its
+            # dotfiles, and git runs what a .git holds. None can be written from here.
+            data = await _execute(kc, PLANT_IN_HOME.format(home=str(home)))
+            planted = json.loads(data["text/plain"].strip("'"))
+            assert planted == {
+                ".jupyter/jupyter_server_config.py": "PermissionError",
+                ".bashrc": "PermissionError",
+                ".local/share/jupyter/kernels/x/kernel.json": "PermissionError",
+                "project/.git/config": "PermissionError",
+                "project/notes.txt": "made",
+            }, planted
+            assert not (home / ".jupyter").exists() and not (home / ".bashrc").exists()
+            assert not (project / ".git").exists()
 
             await km.provisioner.suspend()
             (project / "later.txt").write_text("written while suspended")

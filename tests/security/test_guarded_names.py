@@ -250,3 +250,54 @@ def test_the_guard_holds_where_landlock_is_the_whole_sandbox(tmp_path: Path) -> 
     assert not (bound / "moved-repo" / ".git").exists()
     assert not (bound / "conftest.py").exists()
     assert "refused in" in done.stderr  # the guard says what it refused
+
+
+IN_A_POD = """
+import os, subprocess, sys
+sys.path.insert(0, {package!r})
+from jupyter_sandbox.runtime.__main__ import guard_home
+home, kept = {home!r}, {kept!r}
+guard_home(home, kept)
+def write(name):
+    path = os.path.join(home, name)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "a") as f:
+        f.write("print('planted')\\n")
+for name in (".jupyter/jupyter_server_config.py", ".bashrc", ".profile",
+             ".ipython/profile_default/startup/00-x.py", ".local/share/jupyter/kernels/x/k.json",
+             "project/.git/config", "project/notes.txt", "project/deeper/out.csv",
+             kept + "/pkg/__init__.py", kept + "/evil.pth"):
+    attempt(name.replace(kept, "KEPT"), lambda: write(name))
+print(json.dumps(out))
+"""
+
+
+def test_a_users_home_volume_keeps_its_dotfiles(tmp_path: Path) -> None:
+    """Kubernetes, a pool with the user's volume: it is their home, whose dotfiles
+    their own (unsandboxed) server and shells run. The runtime in the pod guards it
+    alone (``guard_home``); driven here as a process, as the pod runs it."""
+    home = tmp_path / "home"
+    (home / "project").mkdir(parents=True)
+    kept = home / ".local/share/jupyter-sandbox/packages/0123456789abcdef"
+    package = str(Path(write_guard.__file__).resolve().parents[2])
+    code = ATTEMPT + IN_A_POD.format(package=package, home=str(home), kept=str(kept))
+    done = subprocess.run(
+        [sys.executable, "-I", "-c", code], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    outcome = json.loads(done.stdout.splitlines()[-1])
+    refused = [
+        ".jupyter/jupyter_server_config.py",
+        ".bashrc",
+        ".profile",
+        ".ipython/profile_default/startup/00-x.py",
+        ".local/share/jupyter/kernels/x/k.json",
+        "project/.git/config",
+    ]
+    for name in refused:
+        assert outcome[name] == "PermissionError", (name, outcome)
+    for name in ("project/notes.txt", "project/deeper/out.csv", "KEPT/pkg/__init__.py"):
+        assert outcome[name] == "made", (name, outcome)
+    assert outcome["KEPT/evil.pth"] == "made", outcome  # pip's own, in the sandbox's packages
+    assert sorted(p.name for p in home.iterdir()) == [".local", "project"]
+    assert not (home / ".local/share/jupyter").exists()

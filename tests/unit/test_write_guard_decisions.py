@@ -181,3 +181,39 @@ def test_the_guard_layer_grants_beside_the_path_never_above(tmp_path: Path) -> N
     )
     assert ("/", landlock.REFER) in layer.rules.grants  # moves between directories elsewhere
     assert layer.rules.handled == landlock.GUARDED_WRITES | landlock.REFER
+
+
+def test_a_users_home_keeps_its_dotfiles_but_not_the_packages(tmp_path: Path) -> None:
+    """Kubernetes, the user's volume: their own server and shells read its top's
+    hidden entries; %pip writes the project's packages beneath .local."""
+    home = tmp_path / "home"
+    (home / "project").mkdir(parents=True)
+    kept = home / ".local/share/jupyter-sandbox/packages/0123"
+    layer = landlock.guard_layer(str(home), abi=3, home=True, kept=str(kept))
+    guard = Guard(layer, NUMBERS)
+    refused = Answer(error=errno.EPERM)
+    config = ".jupyter/jupyter_server_config.py"
+    assert decide(guard, home, MKDIRAT, [".jupyter"], AT_FDCWD, 1, 0o755) == refused
+    assert decide(guard, home, OPENAT, [".bashrc"], AT_FDCWD, 1, WRITE, 0o644) == refused
+    assert decide(guard, home, OPENAT, [config], AT_FDCWD, 1, WRITE, 0o644) == refused
+    way = [".local", ".local/share", ".local/share/jupyter-sandbox", str(kept.parent), str(kept)]
+    for part in way:
+        assert decide(guard, home, MKDIRAT, [part], AT_FDCWD, 1, 0o755) == Answer()
+    made = decide(guard, home, OPENAT, [f"{kept}/x.pth"], AT_FDCWD, 1, WRITE, 0o644)
+    assert isinstance(made, Descriptor)
+    os.close(made.fd)
+    made = decide(guard, home, OPENAT, ["project/out.csv"], AT_FDCWD, 1, WRITE, 0o644)
+    assert isinstance(made, Descriptor)
+    os.close(made.fd)
+    assert decide(guard, home, MKDIRAT, ["project/.git"], AT_FDCWD, 1, 0o755) == refused
+    assert not (home / ".jupyter").exists() and not (home / ".bashrc").exists()
+
+
+def test_what_the_guard_makes_has_no_set_id_bit(places: tuple[Path, Path, Guard]) -> None:
+    bound, _, guard = places
+    action = decide(guard, bound, OPENAT, ["tool"], AT_FDCWD, 1, WRITE, 0o6755)
+    assert isinstance(action, Descriptor)
+    os.close(action.fd)
+    assert decide(guard, bound, MKDIRAT, ["shared"], AT_FDCWD, 1, 0o2775) == Answer()
+    assert (bound / "tool").stat().st_mode & 0o7777 == 0o755
+    assert (bound / "shared").stat().st_mode & 0o7777 == 0o755
