@@ -35,6 +35,7 @@ from .model import NAMESPACE, PoolSpec
 from .network import user_network_available
 from .packages import host_forwarding
 from .paths import check_socket_room, private_dir, socket_path, state_dir
+from .process import bound_directory_refusal
 
 log = logging.getLogger("jupyter_sandbox.daemon")
 
@@ -201,7 +202,10 @@ def describe_confinement(isolation: Isolation, cgroups: CgroupLimits) -> tuple[I
             "limits not enforced by cgroups, rlimits only: memory per process "
             f"(RLIMIT_DATA; /tmp and /dev/shm by their size), processes ({capability.detail})"
         )
+    files = notebook_directories(isolation)
     if not isolation.isolated:
+        if files:
+            isolation = Isolation(isolation.kind, f"{isolation.detail}; {files}", isolation.host)
         return isolation, limits
     seccomp = seccomp_filter.probe()
     extra = seccomp.detail if seccomp.available else f"NO seccomp filter: {seccomp.detail}"
@@ -211,8 +215,18 @@ def describe_confinement(isolation: Isolation, cgroups: CgroupLimits) -> tuple[I
         if unavailable is None
         else f"network: own namespace each, loopback only (user-mode networking: {unavailable})"
     )
-    detail = f"{isolation.detail}; {extra}; {network}; {limits}"
+    detail = f"{isolation.detail}; {extra}; {network}; {files}; {limits}"
     return Isolation(isolation.kind, detail, isolation.host), limits
+
+
+def notebook_directories(isolation: Isolation) -> str:
+    """How a confined sandbox gets its notebook's directory, and why ("": not confined)."""
+    if not isolation.confined:
+        return ""
+    why = bound_directory_refusal()
+    if why is None:
+        return "notebook directories: bound, write guard on (no .git, conftest.py, ... made there)"
+    return f"notebook directories: copied, not bound ({why})"
 
 
 class RouterProcess:
