@@ -156,12 +156,21 @@ def confine(policy: landlock.Policy) -> None:
     log.info("write guard %d keeps host-run names out of %s", pid, policy.data_only)
 
 
-def guard_home(home: str, kept: str | None) -> None:
+def guard_home(home: str, kept: str | None, workspace: str) -> None:
     """In a pod with the user's volume (their home, which their own server and
-    shells read): the write guard over it, nothing else (the pod is the sandbox)."""
+    shells read): the write guard over it, nothing else (the pod is the sandbox).
+
+    When ``$HOME`` is on that volume (z2jh's /home/jovyan) it becomes the
+    workspace, for this process and the kernel: their own dotfiles (IPython's
+    profile and history, caches) could not be written there.
+    """
     if not os.path.isdir(home):
         raise write_guard.GuardUnavailable(f"{home} is not a directory")
     layer = landlock.guard_layer(home, home=True, kept=kept)
+    current = os.path.realpath(os.environ.get("HOME") or "/")
+    if current == layer.bound or current.startswith(layer.bound + os.sep):
+        os.makedirs(workspace, exist_ok=True)
+        os.environ["HOME"] = os.path.realpath(workspace)
     pid = write_guard.start(layer)
     log.info("write guard %d keeps dotfiles and host-run names out of %s", pid, home)
 
@@ -180,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         confine(landlock.Policy.from_json(args.confine))
     elif os.environ.get(GUARD_HOME_ENV):
         try:
-            guard_home(os.environ[GUARD_HOME_ENV], os.environ.get(PACKAGES_DIR_ENV))
+            guard_home(os.environ[GUARD_HOME_ENV], os.environ.get(PACKAGES_DIR_ENV), args.workspace)
         except (landlock.LandlockError, write_guard.GuardUnavailable) as exc:
             log.error(
                 "the user's volume cannot be kept to data here (%s): the runtime does not "

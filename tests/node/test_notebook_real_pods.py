@@ -266,6 +266,9 @@ async def test_a_pool_with_the_users_volume_shows_the_notebooks_directory(
         tpl, pool = example_objects(kube_node_cluster.runtime_image)
         tpl["metadata"]["name"] = pool["metadata"]["name"] = "home"
         tpl["metadata"]["annotations"] = {"jupyter-sandbox/user-volume-path": str(home)}
+        # as in zero-to-jupyterhub, the volume is the pod's home
+        (container,) = tpl["spec"]["podTemplate"]["spec"]["containers"]
+        container.setdefault("env", []).append({"name": "HOME", "value": str(home)})
         pool["spec"]["sandboxTemplateRef"]["name"] = "home"
         pool["spec"]["replicas"] = 0
         kube.create(TPL, tpl)
@@ -290,6 +293,9 @@ async def test_a_pool_with_the_users_volume_shows_the_notebooks_directory(
             # dotfiles, and git runs what a .git holds. None can be written from here.
             data = await _execute(kc, PLANT_IN_HOME.format(home=str(home)))
             planted = json.loads(data["text/plain"].strip("'"))
+            # the kernel's own dotfiles (IPython's profile, caches) go to its workspace
+            data = await _execute(kc, "os.environ['HOME']")
+            assert data["text/plain"] == repr("/workspace")
             assert planted == {
                 ".jupyter/jupyter_server_config.py": "PermissionError",
                 ".bashrc": "PermissionError",

@@ -257,7 +257,20 @@ import os, subprocess, sys
 sys.path.insert(0, {package!r})
 from jupyter_sandbox.runtime.__main__ import guard_home
 home, kept = {home!r}, {kept!r}
-guard_home(home, kept)
+os.environ["HOME"] = home  # z2jh: the volume is the pod's home
+guard_home(home, kept, {workspace!r})
+# a kernel starts and answers, its own dotfiles in the workspace
+from jupyter_client import KernelManager
+km = KernelManager(kernel_name="python3")
+km.start_kernel(cwd=os.path.join(home, "project"))
+kc = km.client()
+kc.start_channels()
+kc.wait_for_ready(timeout=60)
+def hook(msg):
+    if msg["msg_type"] == "stream":
+        out["kernel's HOME"] = msg["content"]["text"].strip()
+kc.execute_interactive("import os; print(os.environ['HOME'])", timeout=60, output_hook=hook)
+km.shutdown_kernel(now=True)
 def write(name):
     path = os.path.join(home, name)
     os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -280,7 +293,10 @@ def test_a_users_home_volume_keeps_its_dotfiles(tmp_path: Path) -> None:
     (home / "project").mkdir(parents=True)
     kept = home / ".local/share/jupyter-sandbox/packages/0123456789abcdef"
     package = str(Path(write_guard.__file__).resolve().parents[2])
-    code = ATTEMPT + IN_A_POD.format(package=package, home=str(home), kept=str(kept))
+    workspace = tmp_path / "workspace"
+    code = ATTEMPT + IN_A_POD.format(
+        package=package, home=str(home), kept=str(kept), workspace=str(workspace)
+    )
     done = subprocess.run(
         [sys.executable, "-I", "-c", code], capture_output=True, text=True, timeout=120
     )
@@ -299,5 +315,6 @@ def test_a_users_home_volume_keeps_its_dotfiles(tmp_path: Path) -> None:
     for name in ("project/notes.txt", "project/deeper/out.csv", "KEPT/pkg/__init__.py"):
         assert outcome[name] == "made", (name, outcome)
     assert outcome["KEPT/evil.pth"] == "made", outcome  # pip's own, in the sandbox's packages
+    assert outcome["kernel's HOME"] == str(workspace), outcome
     assert sorted(p.name for p in home.iterdir()) == [".local", "project"]
     assert not (home / ".local/share/jupyter").exists()
