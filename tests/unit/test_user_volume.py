@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from jupyter_sandbox.operator.user_volume import (
+    GUARD_HOME_ENV,
     HUB_SERVERNAME_ANNOTATION,
     HUB_USERNAME_ANNOTATION,
     KERNEL_CWD_ENV,
@@ -206,7 +207,8 @@ def test_attach_without_a_node_adds_no_affinity_and_is_idempotent():
     assert "affinity" not in spec
     assert len(spec["volumes"]) == 1
     assert len(spec["containers"][0]["volumeMounts"]) == 1
-    assert [e["name"] for e in spec["containers"][0]["env"]] == [KERNEL_CWD_ENV, PACKAGES_DIR_ENV]
+    names = [e["name"] for e in spec["containers"][0]["env"]]
+    assert names == [KERNEL_CWD_ENV, PACKAGES_DIR_ENV, GUARD_HOME_ENV]
 
 
 @pytest.mark.parametrize(
