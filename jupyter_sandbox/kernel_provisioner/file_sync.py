@@ -38,8 +38,9 @@ from . import runtime_files
 log = logging.getLogger(__name__)
 
 # Directories nobody wants copied into a sandbox (hidden ones are skipped anyway).
-EXCLUDED_DIRS = frozenset({"__pycache__", "node_modules", "venv", "env", "site-packages"})
-EXCLUDED_SUFFIXES = (".pyc", ".pyo")
+# Besides the names guarded_names.py refuses (__pycache__, .pyc, conftest.py, ...).
+EXCLUDED_DIRS = frozenset({"node_modules", "venv", "env", "site-packages"})
+EXCLUDED_SUFFIXES = (".pyo",)
 MAX_DEPTH = 32
 
 

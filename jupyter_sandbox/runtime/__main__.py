@@ -166,12 +166,12 @@ def guard_home(home: str, kept: str | None, workspace: str) -> None:
     """
     if not os.path.isdir(home):
         raise write_guard.GuardUnavailable(f"{home} is not a directory")
-    layer = landlock.guard_layer(home, home=True, kept=kept)
+    layer = landlock.guard_layer(home)
     current = os.path.realpath(os.environ.get("HOME") or "/")
     if current == layer.bound or current.startswith(layer.bound + os.sep):
         os.makedirs(workspace, exist_ok=True)
         os.environ["HOME"] = os.path.realpath(workspace)
-    pid = write_guard.start(layer)
+    pid = write_guard.start(layer, home=True, kept=kept)
     log.info("write guard %d keeps dotfiles and host-run names out of %s", pid, home)
 
 

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import os
 
+from .paths import within
+
 # name (casefolded) -> what on the host acts on it
 GUARDED_NAMES: dict[str, str] = {
     ".git": "git runs commands from a repository's config and hooks",
@@ -53,15 +55,11 @@ def home_refusal(relative: str, kept: str | None = None, making_dir: bool = Fals
     a guarded name anywhere, or any hidden entry at its top, unless it lies in
     ``kept`` (the project's %pip packages, the sandbox's own; relative too) or is a
     directory on the way down to it."""
-    if kept and (_within(relative, kept) or (making_dir and _within(kept, relative))):
+    if kept and (within(relative, kept) or (making_dir and within(kept, relative))):
         return None
     if relative.split(os.sep)[0].startswith(".") and relative != ".":
         return f"{relative.split(os.sep)[0]!r} is {HOME_DOTFILES}"
     return refusal(relative)
-
-
-def _within(path: str, top: str) -> bool:
-    return path == top or path.startswith(top.rstrip(os.sep) + os.sep)
 
 
 def refusal(relative: str) -> str | None:

@@ -29,10 +29,11 @@ outside its domain.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import json
 import os
 from dataclasses import asdict, dataclass
+
+from .paths import within
 
 # Syscall numbers are the same on every architecture that has Landlock.
 SYS_CREATE_RULESET = 444
@@ -92,14 +93,20 @@ class _NetPortAttr(ctypes.Structure):
     _fields_ = [("allowed_access", ctypes.c_uint64), ("port", ctypes.c_uint64)]
 
 
-def _libc() -> ctypes.CDLL:
-    return ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+# This process's own C library, loaded once: looking it up by name later may need
+# a temporary directory that a confined process no longer reaches.
+_LIBC = ctypes.CDLL(None, use_errno=True)
+_LIBC.syscall.restype = ctypes.c_long
+
+
+def libc() -> ctypes.CDLL:
+    """The C library, for the system calls the standard library has no wrapper for."""
+    return _LIBC
 
 
 def abi_version() -> int:
     """The Landlock ABI this kernel offers (0: none)."""
-    libc = _libc()
-    libc.syscall.restype = ctypes.c_long
+    libc = _LIBC
     version = libc.syscall(SYS_CREATE_RULESET, None, ctypes.c_size_t(0), CREATE_RULESET_VERSION)
     return max(int(version), 0)
 
@@ -235,15 +242,9 @@ class GuardLayer:
     bound: str
     # Where the layer grants them: every directory beside the path down to ``bound``.
     granted: tuple[str, ...]
-    # ``bound`` is a user's home (Kubernetes): no hidden entry at its top either,
-    # but for ``kept`` beneath it (the project's %pip packages).
-    home: bool = False
-    kept: str | None = None
 
 
-def guard_layer(
-    bound: str, abi: int | None = None, *, home: bool = False, kept: str | None = None
-) -> GuardLayer:
+def guard_layer(bound: str, abi: int | None = None) -> GuardLayer:
     """The layer a bound directory's write guard puts under the runtime and kernel.
 
     Landlock cannot take a right back beneath a grant, so the rights are granted
@@ -258,12 +259,12 @@ def guard_layer(
     # Every rule set handles REFER, listed or not: granted everywhere, or files
     # could no longer be moved between directories anywhere.
     grants = (("/", REFER), *((p, rights) for p in granted))
-    return GuardLayer(Rules(rights | REFER, grants), bound, granted, home, kept)
+    return GuardLayer(Rules(rights | REFER, grants), bound, granted)
 
 
 def _beneath(top: str, path: str) -> bool:
     top, path = os.path.normpath(top), os.path.normpath(path)
-    return path != top and path.startswith(top.rstrip(os.sep) + os.sep)
+    return path != top and within(path, top)
 
 
 def _beside_the_path(top: str, bound: str) -> list[str]:
@@ -292,8 +293,7 @@ def restrict_self(rules: Rules) -> None:
     """
     if abi_version() < rules.abi:
         raise LandlockError(f"Landlock ABI {rules.abi} is not available on this kernel")
-    libc = _libc()
-    libc.syscall.restype = ctypes.c_long
+    libc = _LIBC
     attr = _RulesetAttr(rules.handled, rules.handled_net, rules.scoped)
     # the struct as long as the ABI that the rules need knows it
     size = 24 if rules.scoped else 16 if rules.handled_net else 8

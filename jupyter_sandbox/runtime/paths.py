@@ -22,6 +22,12 @@ GUARD_HOME_ENV = "SANDBOX_RUNTIME_GUARD_HOME"
 USER_PACKAGES_SUBDIR = ".local/share/jupyter-sandbox/packages"
 
 
+def within(path: str, top: str) -> bool:
+    """Whether ``path`` is ``top`` or lies beneath it (both absolute and normalized,
+    or both relative to the same place): by components, so /a/bc is not in /a/b."""
+    return path == top or path.startswith(top.rstrip(os.sep) + os.sep)
+
+
 def project_key(directory: str) -> str:
     """A notebook project's name for its kept %pip packages: its directory, hashed."""
     return hashlib.sha256(directory.encode()).hexdigest()[:16]

@@ -24,6 +24,7 @@ guard dies, every stopped call fails (ENOSYS): the guard fails closed.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import fcntl
@@ -34,11 +35,13 @@ import signal
 import socket
 import struct
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from . import guarded_names
-from .landlock import GuardLayer, LandlockError, Rules, restrict_self
+from .landlock import PR_SET_NO_NEW_PRIVS, GuardLayer, LandlockError, Rules, libc, restrict_self
+from .paths import within
 
 log = logging.getLogger("jupyter_sandbox.runtime.write_guard")
 
@@ -150,11 +153,8 @@ class _SockFprog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
 
 
-_LIBC = ctypes.CDLL(None, use_errno=True)  # this process's own C library
-
-
-def _libc() -> ctypes.CDLL:
-    return _LIBC
+_RENAMEAT2 = libc().renameat2
+_RENAMEAT2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
 
 
 def load_filter(program: bytes) -> int:
@@ -165,11 +165,9 @@ def load_filter(program: bytes) -> int:
     number = SYS_SECCOMP.get(os.uname().machine)
     if number is None:
         raise GuardUnavailable(f"no seccomp system call number known for {os.uname().machine}")
-    libc = _libc()
-    libc.syscall.restype = ctypes.c_long
     code = ctypes.create_string_buffer(program, len(program))
     prog = _SockFprog(len(program) // 8, ctypes.addressof(code))
-    fd = libc.syscall(
+    fd = libc().syscall(
         number, SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_NEW_LISTENER, ctypes.byref(prog)
     )
     if fd < 0:
@@ -210,15 +208,11 @@ def where(path: str, layer: GuardLayer) -> str:
     guard layer leaves alone) or ``other`` (an ancestor of the bound directory, or
     beneath one but made after the start): the guard acts for the caller in the
     first and last."""
-    if _within(path, layer.bound):
+    if within(path, layer.bound):
         return "bound"
-    if any(_within(path, top) for top in layer.granted):
+    if any(within(path, top) for top in layer.granted):
         return "granted"
     return "other"
-
-
-def _within(path: str, top: str) -> bool:
-    return path == top or path.startswith(top.rstrip("/") + "/")
 
 
 class CallerGone(Exception):
@@ -303,20 +297,34 @@ def resolve(caller: Caller, dirfd: int, raw: bytes) -> Target | None:
             return None
         path = os.path.join(base, path)
     parent, name = os.path.split(path.rstrip("/") or "/")
-    if name in ("", ".", "..") or _within(os.path.normpath(path), "/proc"):
+    if name in ("", ".", "..") or within(os.path.normpath(path), "/proc"):
         return None
     real_parent = os.path.realpath(parent)
-    if _within(real_parent, "/proc"):
+    if within(real_parent, "/proc"):
         return None
     return Target(real_parent, name)
 
 
 class Guard:
-    """Decides, and acts for, one stopped call."""
+    """Decides, and acts for, one stopped call.
 
-    def __init__(self, layer: GuardLayer, numbers: dict[int, str]) -> None:
+    ``home``: the bound directory is a user's home (Kubernetes), where no hidden
+    entry at its top may be made either, but for ``kept`` beneath it (the
+    project's %pip packages) and the way down to it (guarded_names.home_refusal).
+    """
+
+    def __init__(
+        self,
+        layer: GuardLayer,
+        numbers: dict[int, str],
+        *,
+        home: bool = False,
+        kept: str | None = None,
+    ) -> None:
         self.layer = layer
         self.numbers = numbers
+        self.home = home
+        self.kept = os.path.relpath(kept, layer.bound) if kept else None
         self.refused = 0
 
     def decide(self, caller: Caller, nr: int, args: tuple[int, ...]) -> Action:
@@ -347,12 +355,21 @@ class Guard:
         flags = args[4] if name == "renameat2" else 0
         return self._rename(targets[0], targets[1], int(flags) & 0xFFFFFFFF)
 
+    def _gate(self, directory: str, path: str, making_dir: bool = False) -> Action | None:
+        """What becomes of a call on ``path`` in ``directory`` before the guard makes
+        it: the caller's own call goes on (a place the guard layer leaves alone), a
+        refusal (a guarded name in the bound directory), or None: the guard makes it."""
+        place = where(directory, self.layer)
+        if place == "granted":
+            return Continue()
+        if place == "bound":
+            return self._refusal(path, making_dir)
+        return None
+
     def _refusal(self, path: str, making_dir: bool = False) -> Answer | None:
-        layer = self.layer
-        relative = os.path.relpath(path, layer.bound)
-        if layer.home:
-            kept = os.path.relpath(layer.kept, layer.bound) if layer.kept else None
-            why = guarded_names.home_refusal(relative, kept, making_dir)
+        relative = os.path.relpath(path, self.layer.bound)
+        if self.home:
+            why = guarded_names.home_refusal(relative, self.kept, making_dir)
         else:
             why = guarded_names.refusal(relative)
         if why is None:
@@ -371,42 +388,29 @@ class Guard:
             path = os.path.realpath(path)
         # O_TMPFILE names the directory its unnamed file goes in.
         tmpfile = flags & os.O_TMPFILE == os.O_TMPFILE
-        place = where(path if tmpfile else os.path.dirname(path), self.layer)
-        if place == "granted":
-            return Continue()
-        if place == "bound" and (refused := self._refusal(path)):
-            return refused
-        previous = os.umask(caller.umask())
+        if gated := self._gate(path if tmpfile else os.path.dirname(path), path):
+            return gated
         try:
-            fd = os.open(path, (flags | os.O_NOFOLLOW | os.O_CLOEXEC), mode)
+            with _umask(caller.umask()):
+                fd = os.open(path, (flags | os.O_NOFOLLOW | os.O_CLOEXEC), mode)
         except OSError as exc:
             return Answer(error=exc.errno or errno.EIO)
-        finally:
-            os.umask(previous)
         return Descriptor(fd, cloexec=bool(flags & os.O_CLOEXEC))
 
     def _mkdir(self, caller: Caller, target: Target, mode: int) -> Action:
-        place = where(target.parent, self.layer)
-        if place == "granted":
-            return Continue()
-        if place == "bound" and (refused := self._refusal(target.path, making_dir=True)):
-            return refused
-        previous = os.umask(caller.umask())
+        if gated := self._gate(target.parent, target.path, making_dir=True):
+            return gated
         try:
-            os.mkdir(target.path, mode)
+            with _umask(caller.umask()):
+                os.mkdir(target.path, mode)
         except OSError as exc:
             return Answer(error=exc.errno or errno.EIO)
-        finally:
-            os.umask(previous)
         return Answer()
 
     def _truncate(self, target: Target, length: int) -> Action:
         path = os.path.realpath(target.path)
-        place = where(os.path.dirname(path), self.layer)
-        if place == "granted":
-            return Continue()
-        if place == "bound" and (refused := self._refusal(path)):
-            return refused
+        if gated := self._gate(os.path.dirname(path), path):
+            return gated
         try:
             os.truncate(path, _signed64(length))
         except OSError as exc:
@@ -427,20 +431,20 @@ class Guard:
                 return refused
         if flags & ~RENAME_FLAGS_ALL:
             return Answer(error=errno.EINVAL)
-        libc = _libc()
-        libc.renameat2.argtypes = [
-            ctypes.c_int,
-            ctypes.c_char_p,
-            ctypes.c_int,
-            ctypes.c_char_p,
-            ctypes.c_uint,
-        ]
-        result = libc.renameat2(
-            AT_FDCWD, os.fsencode(old.path), AT_FDCWD, os.fsencode(new.path), flags
-        )
+        result = _RENAMEAT2(AT_FDCWD, os.fsencode(old.path), AT_FDCWD, os.fsencode(new.path), flags)
         if result != 0:
             return Answer(error=ctypes.get_errno() or errno.EIO)
         return Answer()
+
+
+@contextlib.contextmanager
+def _umask(mask: int) -> Iterator[None]:
+    """The caller's umask for what the guard makes (it is single-threaded)."""
+    previous = os.umask(mask)
+    try:
+        yield
+    finally:
+        os.umask(previous)
 
 
 def _signed32(value: int) -> int:
@@ -500,8 +504,7 @@ def _respond(listener: int, notif_id: int, action: Action) -> None:
     try:
         if isinstance(action, Descriptor):
             try:
-                # whether the caller is still there, and the same, before it gets a file
-                fcntl.ioctl(listener, IOCTL_ID_VALID, ID.pack(notif_id))
+                # ENOENT, and no file put anywhere, when the caller is gone
                 flags = os.O_CLOEXEC if action.cloexec else 0
                 fcntl.ioctl(
                     listener,
@@ -524,16 +527,22 @@ def _respond(listener: int, notif_id: int, action: Action) -> None:
 # ---------------------------------------------------------------- start
 
 
-def start(layer: GuardLayer, then: Rules | None = None) -> int:
+def start(
+    layer: GuardLayer,
+    then: Rules | None = None,
+    *,
+    home: bool = False,
+    kept: str | None = None,
+) -> int:
     """Split this process: the guard goes on in a child, in this Landlock domain;
     this process takes ``then`` (rules the guard keeps and it gives up), the guard
-    layer and the filter. Returns the guard's pid.
+    layer and the filter. Returns the guard's pid. ``home`` and ``kept``: Guard's.
 
     Call it before any thread exists. Raises GuardUnavailable or LandlockError
     with nothing changed in this process but the fork.
     """
     program, numbers = filter_program()
-    guard = Guard(layer, numbers)
+    guard = Guard(layer, numbers, home=home, kept=kept)
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     runtime = os.getpid()
     pid = os.fork()
@@ -542,7 +551,7 @@ def start(layer: GuardLayer, then: Rules | None = None) -> int:
         _become_guard(theirs, runtime, guard)
     theirs.close()
     try:
-        _libc().prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)  # (a set-uid bootstrap clears it)
+        libc().prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)  # (a set-uid bootstrap clears it)
         if then is not None:
             restrict_self(then)
         restrict_self(layer.rules)
@@ -593,7 +602,7 @@ def probe() -> str | None:
         f"import os, sys; sys.path.insert(0, {parent!r}); "
         "from jupyter_sandbox.runtime import write_guard as w; "
         "p, _ = w.filter_program(); "
-        "w._libc().prctl(38, 1, 0, 0, 0); os.close(w.load_filter(p))"
+        f"w.libc().prctl({PR_SET_NO_NEW_PRIVS}, 1, 0, 0, 0); os.close(w.load_filter(p))"
     )
     try:
         done = subprocess.run(

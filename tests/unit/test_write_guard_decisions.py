@@ -189,8 +189,8 @@ def test_a_users_home_keeps_its_dotfiles_but_not_the_packages(tmp_path: Path) ->
     home = tmp_path / "home"
     (home / "project").mkdir(parents=True)
     kept = home / ".local/share/jupyter-sandbox/packages/0123"
-    layer = landlock.guard_layer(str(home), abi=3, home=True, kept=str(kept))
-    guard = Guard(layer, NUMBERS)
+    layer = landlock.guard_layer(str(home), abi=3)
+    guard = Guard(layer, NUMBERS, home=True, kept=str(kept))
     refused = Answer(error=errno.EPERM)
     config = ".jupyter/jupyter_server_config.py"
     assert decide(guard, home, MKDIRAT, [".jupyter"], AT_FDCWD, 1, 0o755) == refused

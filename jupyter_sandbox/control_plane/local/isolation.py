@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ...runtime import landlock
-from ...runtime.paths import PACKAGES_DIR
+from ...runtime.paths import PACKAGES_DIR, within
 
 if TYPE_CHECKING:
     from .host_uid import HostIdentity
@@ -157,10 +157,6 @@ class UnsafeMount(RuntimeError):
     """A directory the sandbox's Python needs would expose the user's files or the daemon's."""
 
 
-def _contains(outer: str, inner: str) -> bool:
-    return inner == outer or inner.startswith(outer.rstrip(os.sep) + os.sep)
-
-
 def installation_paths() -> list[str]:
     """Where the Python installation running us lives: prefixes, stdlib and site directories.
 
@@ -216,18 +212,18 @@ def python_paths(
                 f"refusing to expose {path} to sandboxes: {reason}. Install Python and "
                 "jupyter-sandbox in a directory of their own (for example a virtualenv)."
             )
-        if any(_contains(w, path) for w in wanted):
+        if any(within(path, w) for w in wanted):
             continue
-        wanted = [w for w in wanted if not _contains(path, w)]
+        wanted = [w for w in wanted if not within(w, path)]
         wanted.append(path)
     return sorted(wanted)
 
 
 def _exposure(path: str, home: str, state: str | None) -> str:
     """Why binding ``path`` would expose the home or the daemon's state ("": it would not)."""
-    if _contains(path, home):
+    if within(home, path):
         return f"it contains your home directory {home}"
-    if state is not None and (_contains(path, state) or _contains(state, path)):
+    if state is not None and (within(state, path) or within(path, state)):
         return f"it overlaps the sandbox daemon's state directory {state}"
     return ""
 
@@ -267,9 +263,9 @@ def _files_dir_refusal(real: str, home: str, state: str | None) -> str:
     exposure = _exposure(real, home, state)
     if exposure:
         return exposure
-    if any(_contains(system, real) for system in SYSTEM_DIRS):
+    if any(within(real, system) for system in SYSTEM_DIRS):
         return "it is a system directory"
-    if any(_contains(os.path.realpath(p), real) for p in installation_paths()):
+    if any(within(real, os.path.realpath(p)) for p in installation_paths()):
         return "it is inside the Python installation the sandboxes share"
     return ""
 
@@ -298,7 +294,7 @@ def check_ro_file(path: str, state_dir: str | os.PathLike[str] | None) -> str:
     real = os.path.realpath(path) if os.path.isabs(path) else ""
     if not real or not os.path.isfile(real) or real.startswith(("/proc/", "/sys/", "/dev/")):
         raise UnsafeMount(f"refusing to expose {path!r}: not a regular file")
-    if state_dir is not None and _contains(os.path.realpath(state_dir), real):
+    if state_dir is not None and within(real, os.path.realpath(state_dir)):
         raise UnsafeMount(f"refusing to expose {path}: it is in the sandbox daemon's state")
     return real
 
@@ -517,7 +513,7 @@ def bwrap_command(
         args += ["--ro-bind", check_pool_packages(c.pool_packages, c.state_dir), POOL_PACKAGES]
     for path in c.ro_files:
         real = check_ro_file(path, c.state_dir)
-        if not any(_contains(shown, path) for shown in (*SYSTEM_DIRS, *ETC_FILES)):
+        if not any(within(path, shown) for shown in (*SYSTEM_DIRS, *ETC_FILES)):
             # (system files are there already)
             args += [*_parents(path, made), "--ro-bind", real, path]
     args += ["--bind", workspace, WORKSPACE]

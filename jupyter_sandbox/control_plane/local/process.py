@@ -416,11 +416,7 @@ class SandboxProcess:
             pool_packages=str(spec.pool_packages) if spec.pool_packages else None,
             ro_files=spec.ro_files,
             userns_fd=self._userns_fd,
-            write_guard=(
-                spec.files_dir is not None
-                and not spec.files_read_only
-                and bound_directory_refusal() is None
-            ),
+            write_guard=bound_directory_refusal() is None,  # (for a bound files_dir)
         )
 
     async def _read_ready(self, fd: int) -> None:
